@@ -1,0 +1,83 @@
+//! Runner settings: `[bus]`, `[memory]` (url), `[models]` and `[runner]`.
+
+use agentloop_bus::BusConfig;
+use agentloop_model::ModelsConfig;
+
+/// Everything the runner reads from the merged configuration.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct RunnerConfig {
+    /// NATS connection and stream layout.
+    pub bus: BusConfig,
+    /// Where the memory service is.
+    pub memory: MemoryEndpoint,
+    /// Model providers and the default model.
+    pub models: ModelsConfig,
+    /// Runner-only settings.
+    pub runner: RunnerSettings,
+}
+
+/// The part of `[memory]` clients read.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct MemoryEndpoint {
+    /// gRPC URL of the memory service.
+    pub url: String,
+}
+
+impl Default for MemoryEndpoint {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:50051".to_owned(),
+        }
+    }
+}
+
+/// `[runner]`
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct RunnerSettings {
+    /// Admin HTTP address (`/healthz`, `/readyz`, `/metrics`); empty means an ephemeral port.
+    pub admin_listen: String,
+    /// Durable consumer name shared by runner replicas.
+    pub consumer: String,
+    /// This replica's lease owner name; empty means `<hostname>-<pid>-<random>`.
+    pub owner_id: String,
+    /// How long a session lease lasts without renewal; renewed every third of it.
+    pub lease_ttl_ms: u64,
+    /// How often this replica looks for sessions whose owner died.
+    pub sweep_interval_ms: u64,
+    /// Runs executing at once on this replica (sessions beyond it wait their turn).
+    pub max_concurrent_runs: usize,
+    /// Model calls in flight at once on this replica (the global lane).
+    pub max_concurrent_model_calls: usize,
+    /// Transcript entries given to the model as context.
+    pub history_limit: u32,
+    /// System prompt of the default agent.
+    pub system_prompt: String,
+    /// A run is cut after this long.
+    pub run_timeout_ms: u64,
+    /// Run commands enqueued at once; commands of one session keep their order.
+    pub intake_lanes: usize,
+    /// Time given to in-flight runs on shutdown before they are cut.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for RunnerSettings {
+    fn default() -> Self {
+        Self {
+            admin_listen: String::new(),
+            consumer: "runner".to_owned(),
+            owner_id: String::new(),
+            lease_ttl_ms: 30_000,
+            sweep_interval_ms: 5_000,
+            max_concurrent_runs: 256,
+            max_concurrent_model_calls: 64,
+            history_limit: 200,
+            system_prompt: "You are a helpful assistant.".to_owned(),
+            run_timeout_ms: 600_000,
+            intake_lanes: 32,
+            drain_timeout_ms: 25_000,
+        }
+    }
+}

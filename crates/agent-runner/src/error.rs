@@ -1,0 +1,65 @@
+//! Runner errors.
+
+/// What stops the runner (per-message failures are dead-lettered or answered, never returned).
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    /// The bus could not be set up.
+    #[error("bus setup failed")]
+    Bus(#[from] agentloop_bus::BusError),
+    /// The memory URL is not a valid URI.
+    #[error("invalid memory url {url}")]
+    MemoryUrl {
+        /// The URL configured.
+        url: String,
+        /// The parser's complaint.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The model client could not be built.
+    #[error("invalid model configuration")]
+    Models(#[from] agentloop_model::ModelError),
+    /// The admin server could not bind.
+    #[error("failed to bind admin address {addr}")]
+    Admin {
+        /// The address configured.
+        addr: String,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The consumer's message stream could not be opened.
+    #[error("failed to open the run command stream")]
+    Stream(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Why a call to the memory service failed, as the owner loop needs to know it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MemoryCallError {
+    /// Another replica holds the session now; stop writing.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+    /// Memory is unreachable or failing; retry later.
+    #[error("memory unavailable: {0}")]
+    Unavailable(String),
+    /// The request was refused; retrying won't help.
+    #[error("memory refused the call: {0}")]
+    Refused(String),
+}
+
+impl From<tonic::Status> for MemoryCallError {
+    fn from(status: tonic::Status) -> Self {
+        use tonic::Code;
+        let text = format!("{:?}: {}", status.code(), status.message());
+        match status.code() {
+            Code::FailedPrecondition => MemoryCallError::LeaseLost(text),
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Internal
+            | Code::Unknown
+            | Code::ResourceExhausted
+            | Code::Aborted
+            | Code::Cancelled => MemoryCallError::Unavailable(text),
+            _ => MemoryCallError::Refused(text),
+        }
+    }
+}

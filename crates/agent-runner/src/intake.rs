@@ -1,0 +1,377 @@
+//! Intake: each RunCommand goes into the session's inbox (durable, deduplicated), is acked, and
+//! then the replica tries to take the session. A sweeper takes sessions whose owner died.
+
+use std::collections::HashSet;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt as _;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::Instrument as _;
+
+use agentloop_bus::{Bus, StreamKind, error_chain};
+use agentloop_lifecycle::{Counter, Health};
+use agentloop_model::ModelClient;
+use agentloop_proto::v1::{
+    ClaimSessionRequest, ControlMessage, EnqueueRequest, ListClaimableRequest, RunCommand,
+    session_service_client::SessionServiceClient,
+};
+
+use crate::error::MemoryCallError;
+use crate::memory::{Memory, with_retry};
+use crate::{RunnerConfig, RunnerError, RunnerSettings, owner};
+
+pub(crate) const SERVICE: &str = "runner";
+
+/// What every task of this replica shares.
+pub(crate) struct Shared {
+    pub(crate) bus: Bus,
+    pub(crate) memory: Memory,
+    pub(crate) models: ModelClient,
+    pub(crate) settings: RunnerSettings,
+    pub(crate) default_model: String,
+    pub(crate) owner_id: String,
+    /// Sessions this replica holds the lease of.
+    pub(crate) owned: Mutex<HashSet<String>>,
+    pub(crate) run_slots: Semaphore,
+    pub(crate) model_slots: Semaphore,
+    pub(crate) tracker: TaskTracker,
+    /// Cancelled on shutdown: owners stop taking new inputs.
+    pub(crate) stopping: CancellationToken,
+    /// Cancelled when the drain time is over: runs in flight are cut.
+    pub(crate) hard_stop: CancellationToken,
+    pub(crate) metrics: Metrics,
+}
+
+pub(crate) struct Metrics {
+    pub(crate) runs_completed: Counter,
+    pub(crate) runs_failed: Counter,
+    pub(crate) claims: Counter,
+}
+
+pub(crate) async fn serve(
+    config: RunnerConfig,
+    health: Health,
+    shutdown: CancellationToken,
+) -> Result<(), RunnerError> {
+    let ready = health.component(SERVICE);
+    let dead_lettered = health.counter(
+        "agentloop_runner_dead_letters_total",
+        "Run commands dead-lettered.",
+    );
+    let models = ModelClient::new(&config.models)?;
+    let channel = agentloop_telemetry::traced_channel(&config.memory.url).map_err(|source| {
+        RunnerError::MemoryUrl {
+            url: config.memory.url.clone(),
+            source,
+        }
+    })?;
+    let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
+        return Ok(());
+    };
+    let consumer = bus
+        .durable_consumer(StreamKind::Runs, &config.runner.consumer)
+        .await?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(256)
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await
+        .map_err(|e| RunnerError::Stream(Box::new(e)))?;
+    let owner_id = if config.runner.owner_id.is_empty() {
+        default_owner_id()
+    } else {
+        config.runner.owner_id.clone()
+    };
+    let shared = Arc::new(Shared {
+        bus: bus.clone(),
+        memory: SessionServiceClient::new(channel),
+        models,
+        settings: config.runner.clone(),
+        default_model: config.models.default_model.clone(),
+        owner_id: owner_id.clone(),
+        owned: Mutex::new(HashSet::new()),
+        run_slots: Semaphore::new(config.runner.max_concurrent_runs.max(1)),
+        model_slots: Semaphore::new(config.runner.max_concurrent_model_calls.max(1)),
+        tracker: TaskTracker::new(),
+        stopping: CancellationToken::new(),
+        hard_stop: CancellationToken::new(),
+        metrics: Metrics {
+            runs_completed: health.counter(
+                "agentloop_runner_runs_completed_total",
+                "Runs that ended with a final answer.",
+            ),
+            runs_failed: health.counter(
+                "agentloop_runner_runs_failed_total",
+                "Runs that ended with an error, timeout or abort.",
+            ),
+            claims: health.counter(
+                "agentloop_runner_session_claims_total",
+                "Session leases taken by this replica.",
+            ),
+        },
+    });
+    let lanes_n = config.runner.intake_lanes.max(1);
+    let intake_tasks = TaskTracker::new();
+    let mut lanes = Vec::with_capacity(lanes_n);
+    for _ in 0..lanes_n {
+        let (tx, rx) = mpsc::channel::<(jetstream::Message, RunCommand)>(64);
+        lanes.push(tx);
+        intake_tasks.spawn(lane(shared.clone(), rx));
+    }
+    let sweeper = tokio::spawn(sweep(shared.clone()));
+    ready.set(true);
+    tracing::info!(owner = %owner_id, prefix = %config.bus.prefix, "runner consuming run commands");
+    loop {
+        let next = tokio::select! {
+            () = shutdown.cancelled() => break,
+            next = messages.next() => next,
+        };
+        let msg = match next {
+            Some(Ok(msg)) => msg,
+            Some(Err(err)) => {
+                tracing::warn!(error = %err, "run consumer error");
+                continue;
+            }
+            None => break,
+        };
+        let command = match agentloop_bus::decode::<RunCommand>(&msg) {
+            Ok((command, _)) if !command.session_id.is_empty() => command,
+            Ok(_) => {
+                dead_lettered.inc();
+                reject(&bus, &msg, "run command has no session_id").await;
+                continue;
+            }
+            Err(err) => {
+                dead_lettered.inc();
+                reject(&bus, &msg, &error_chain(&err)).await;
+                continue;
+            }
+        };
+        let idx = lane_of(&command.session_id, lanes_n);
+        if lanes[idx].send((msg, command)).await.is_err() {
+            break;
+        }
+    }
+    // Graceful stop: no new commands (unacked ones return to other replicas), owners finish the
+    // run they are in and hand their sessions back; past the drain time runs are cut.
+    ready.set(false);
+    drop(lanes);
+    drop(messages);
+    intake_tasks.close();
+    intake_tasks.wait().await;
+    sweeper.abort();
+    shared.stopping.cancel();
+    shared.tracker.close();
+    let drain = Duration::from_millis(shared.settings.drain_timeout_ms);
+    if tokio::time::timeout(drain, shared.tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drain_ms = drain.as_millis() as u64,
+            "drain time over, cutting runs in flight"
+        );
+        shared.hard_stop.cancel();
+        shared.tracker.wait().await;
+    }
+    Ok(())
+}
+
+fn default_owner_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "runner".to_owned());
+    let suffix = agentloop_bus::nuid();
+    format!(
+        "{host}-{}-{}",
+        std::process::id(),
+        &suffix[suffix.len() - 6..]
+    )
+}
+
+fn lane_of(key: &str, n: usize) -> usize {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    (hasher.finish() % n as u64) as usize
+}
+
+async fn reject(bus: &Bus, msg: &jetstream::Message, reason: &str) {
+    match bus
+        .dead_letter(
+            SERVICE,
+            &msg.subject,
+            msg.headers.as_ref(),
+            msg.payload.clone(),
+            reason,
+        )
+        .await
+    {
+        Ok(()) => {
+            let _ = msg.ack().await;
+        }
+        Err(err) => {
+            tracing::error!(error = %error_chain(&err), "failed to dead-letter, will retry");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+        }
+    }
+}
+
+async fn lane(shared: Arc<Shared>, mut rx: mpsc::Receiver<(jetstream::Message, RunCommand)>) {
+    while let Some((msg, command)) = rx.recv().await {
+        let span = tracing::info_span!("intake", session_id = %command.session_id, session_key = %command.session_key);
+        agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
+        take_in(&shared, msg, command).instrument(span).await;
+    }
+}
+
+async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunCommand) {
+    let kind = match command.queue_mode.as_str() {
+        "steer" | "collect" | "interrupt" | "followup" => command.queue_mode.clone(),
+        _ => "user".to_owned(),
+    };
+    let request = EnqueueRequest {
+        session_id: command.session_id.clone(),
+        idempotency_key: command.idempotency_key.clone(),
+        kind,
+        payload: msg.payload.to_vec(),
+    };
+    let memory = shared.memory.clone();
+    let enqueued = with_retry("enqueue", || {
+        let mut memory = memory.clone();
+        let request = request.clone();
+        async move { memory.enqueue(request).await }
+    })
+    .await;
+    match enqueued {
+        Ok(response) => {
+            if !response.inserted {
+                tracing::debug!("run command already in the inbox, redelivery absorbed");
+            }
+        }
+        Err(MemoryCallError::Refused(reason)) => {
+            reject(&shared.bus, &msg, &reason).await;
+            return;
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "enqueue failed, command handed back for redelivery");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return;
+        }
+    }
+    // The inbox row is durable now; a confirmed ack keeps redeliveries rare.
+    if let Err(err) = msg.double_ack().await {
+        tracing::warn!(error = %err, "ack failed; a redelivery will be absorbed by the inbox");
+    }
+    try_own(shared, &command.session_id).await;
+}
+
+/// Claims the session unless this replica already owns it; wakes the owner otherwise.
+pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str) {
+    if shared.stopping.is_cancelled() {
+        return;
+    }
+    if shared
+        .owned
+        .lock()
+        .map(|owned| owned.contains(session_id))
+        .unwrap_or(false)
+    {
+        // The owner keeps taking inputs until the inbox is empty, so it will see this one.
+        return;
+    }
+    let request = ClaimSessionRequest {
+        session_id: session_id.to_owned(),
+        owner: shared.owner_id.clone(),
+        ttl_ms: u32::try_from(shared.settings.lease_ttl_ms).unwrap_or(u32::MAX),
+    };
+    let memory = shared.memory.clone();
+    let claimed = with_retry("claim", || {
+        let mut memory = memory.clone();
+        let request = request.clone();
+        async move { memory.claim_session(request).await }
+    })
+    .await;
+    match claimed {
+        Ok(response) if response.claimed => {
+            let inserted = shared
+                .owned
+                .lock()
+                .map(|mut owned| owned.insert(session_id.to_owned()))
+                .unwrap_or(false);
+            if inserted {
+                shared.metrics.claims.inc();
+                let shared2 = shared.clone();
+                let session_id = session_id.to_owned();
+                shared.tracker.spawn(async move {
+                    owner::own(shared2, session_id, response.epoch).await;
+                });
+            }
+        }
+        Ok(response) => {
+            let wake = ControlMessage {
+                session_id: session_id.to_owned(),
+                action: "wake".to_owned(),
+                reason: format!("input queued by {}", shared.owner_id),
+            };
+            tracing::debug!(owner = %response.owner, "session owned elsewhere, waking its owner");
+            let subject = shared.bus.subjects().control(session_id);
+            let _ = shared
+                .bus
+                .publish_fast(subject, &wake, agentloop_proto::Encoding::Proto)
+                .await;
+        }
+        Err(err) => {
+            // The sweeper will find the session: its input is in the inbox.
+            tracing::warn!(error = %err, "claim failed, leaving the session to the sweeper");
+        }
+    }
+}
+
+async fn sweep(shared: Arc<Shared>) {
+    let interval = Duration::from_millis(shared.settings.sweep_interval_ms.max(100));
+    loop {
+        tokio::time::sleep(interval).await;
+        let mut memory = shared.memory.clone();
+        let listed = memory
+            .list_claimable(ListClaimableRequest { limit: 100 })
+            .await;
+        match listed {
+            Ok(response) => {
+                for session_id in response.into_inner().session_ids {
+                    tracing::info!(session_id = %session_id, "sweeper found an unowned session with pending input");
+                    try_own(&shared, &session_id).await;
+                }
+            }
+            Err(status) => {
+                tracing::debug!(error = %status.message(), "sweep failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_ids_differ_between_replicas_of_one_host() {
+        assert_ne!(default_owner_id(), default_owner_id());
+    }
+}

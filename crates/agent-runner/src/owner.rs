@@ -1,0 +1,164 @@
+//! The owner of one session: renews its lease and runs its inbox empty, one input at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use agentloop_proto::v1::{ReleaseSessionRequest, RenewLeaseRequest, TakeNextRequest};
+
+use crate::error::MemoryCallError;
+use crate::intake::Shared;
+use crate::memory::with_retry;
+use crate::run;
+
+/// Runs the session's inputs while this replica holds the lease of `epoch`.
+pub(crate) async fn own(shared: Arc<Shared>, session_id: String, epoch: i64) {
+    let span = tracing::info_span!("own", session_id = %session_id, epoch);
+    async {
+        let lease_lost = CancellationToken::new();
+        let renewer = tokio::spawn(renew(
+            shared.clone(),
+            session_id.clone(),
+            epoch,
+            lease_lost.clone(),
+        ));
+        owner_loop(&shared, &session_id, epoch, &lease_lost).await;
+        renewer.abort();
+        if let Ok(mut owned) = shared.owned.lock() {
+            owned.remove(&session_id);
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+async fn owner_loop(
+    shared: &Arc<Shared>,
+    session_id: &str,
+    epoch: i64,
+    lease_lost: &CancellationToken,
+) {
+    loop {
+        if lease_lost.is_cancelled() {
+            tracing::warn!("lease lost, giving the session up");
+            return;
+        }
+        if shared.stopping.is_cancelled() {
+            // Hand back what is left: release succeeds only with an empty inbox, otherwise the
+            // lease runs out and another replica's sweeper takes over.
+            release(shared, session_id, epoch).await;
+            return;
+        }
+        let request = TakeNextRequest {
+            session_id: session_id.to_owned(),
+            epoch,
+            owner: shared.owner_id.clone(),
+        };
+        let memory = shared.memory.clone();
+        let taken = with_retry("take_next", || {
+            let mut memory = memory.clone();
+            let request = request.clone();
+            async move { memory.take_next(request).await }
+        })
+        .await;
+        match taken {
+            Ok(next) => match (next.item, next.run) {
+                (Some(item), Some(run)) => {
+                    let Ok(_slot) = shared.run_slots.acquire().await else {
+                        return;
+                    };
+                    match run::execute(shared, session_id, epoch, item, run, lease_lost).await {
+                        Ok(()) => {}
+                        Err(MemoryCallError::LeaseLost(reason)) => {
+                            tracing::warn!(
+                                reason,
+                                "lease lost during a run; its new owner resumes it"
+                            );
+                            return;
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, "run could not be recorded, retrying shortly");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                }
+                _ => {
+                    // Empty inbox. Leave the owned set first so new input claims or wakes
+                    // correctly; a release refused because input just arrived takes it back.
+                    if let Ok(mut owned) = shared.owned.lock() {
+                        owned.remove(session_id);
+                    }
+                    match release(shared, session_id, epoch).await {
+                        Some(true) => return,
+                        Some(false) | None => {
+                            if let Ok(mut owned) = shared.owned.lock() {
+                                owned.insert(session_id.to_owned());
+                            }
+                        }
+                    }
+                }
+            },
+            Err(MemoryCallError::LeaseLost(reason)) => {
+                tracing::warn!(reason, "lease lost");
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot take the next input, retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// Returns whether the lease was given back (`None` when memory could not be asked).
+async fn release(shared: &Arc<Shared>, session_id: &str, epoch: i64) -> Option<bool> {
+    let request = ReleaseSessionRequest {
+        session_id: session_id.to_owned(),
+        epoch,
+    };
+    let memory = shared.memory.clone();
+    let released = with_retry("release", || {
+        let mut memory = memory.clone();
+        let request = request.clone();
+        async move { memory.release_session(request).await }
+    })
+    .await;
+    match released {
+        Ok(response) => Some(response.released),
+        Err(MemoryCallError::LeaseLost(_)) => Some(true),
+        Err(err) => {
+            tracing::warn!(error = %err, "release failed");
+            None
+        }
+    }
+}
+
+async fn renew(shared: Arc<Shared>, session_id: String, epoch: i64, lease_lost: CancellationToken) {
+    let ttl = shared.settings.lease_ttl_ms.max(30);
+    let every = Duration::from_millis(ttl / 3);
+    loop {
+        tokio::time::sleep(every).await;
+        let mut memory = shared.memory.clone();
+        let renewed = memory
+            .renew_lease(RenewLeaseRequest {
+                session_id: session_id.clone(),
+                epoch,
+                ttl_ms: u32::try_from(ttl).unwrap_or(u32::MAX),
+            })
+            .await;
+        match renewed {
+            Ok(response) if response.get_ref().ok => {}
+            Ok(_) => {
+                lease_lost.cancel();
+                return;
+            }
+            Err(status) => {
+                // One failed renewal is not a lost lease; the next tick tries again well before
+                // the lease runs out.
+                tracing::warn!(error = %status.message(), "lease renewal failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! `[bus]` settings.
+
+/// How to reach NATS and how the streams are laid out (`[bus]`, `AGENTLOOP_BUS__*`, `NATS_URL`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct BusConfig {
+    /// NATS server URL.
+    pub url: String,
+    /// Subject prefix; two stacks with different prefixes share one server.
+    pub prefix: String,
+    /// Connection timeout.
+    pub connect_timeout_ms: u64,
+    /// Stream replicas (1 on a laptop, 3 in a cluster).
+    pub replicas: usize,
+    /// How long unprocessed work (inbound, runs, outbound) is kept.
+    pub work_max_age_secs: u64,
+    /// How long run events are kept for replay.
+    pub events_max_age_secs: u64,
+    /// How long dead letters are kept.
+    pub dlq_max_age_secs: u64,
+    /// JetStream dedup window for `Nats-Msg-Id`.
+    pub duplicate_window_secs: u64,
+    /// How long a consumer waits for an ack before redelivering.
+    pub ack_wait_ms: u64,
+    /// Deliveries before a message is given up on.
+    pub max_deliver: i64,
+    /// Unacknowledged messages a durable consumer hands out at once.
+    pub max_ack_pending: i64,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".to_owned(),
+            prefix: "agentloop".to_owned(),
+            connect_timeout_ms: 2_000,
+            replicas: 1,
+            work_max_age_secs: 7 * 24 * 3600,
+            events_max_age_secs: 3600,
+            dlq_max_age_secs: 14 * 24 * 3600,
+            duplicate_window_secs: 120,
+            ack_wait_ms: 30_000,
+            max_deliver: 10,
+            max_ack_pending: 1024,
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Delivery settings: `[bus]` and `[delivery]`.
+
+use agentloop_bus::BusConfig;
+
+/// Everything delivery reads from the merged configuration.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct DeliveryConfig {
+    /// NATS connection and stream layout.
+    pub bus: BusConfig,
+    /// Delivery-only settings.
+    pub delivery: DeliverySettings,
+}
+
+/// `[delivery]`
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct DeliverySettings {
+    /// Admin HTTP address (`/healthz`, `/readyz`, `/metrics`); empty means an ephemeral port.
+    pub admin_listen: String,
+    /// Durable consumer name shared by delivery replicas.
+    pub consumer: String,
+    /// Replies delivered at once.
+    pub concurrency: usize,
+}
+
+impl Default for DeliverySettings {
+    fn default() -> Self {
+        Self {
+            admin_listen: String::new(),
+            consumer: "delivery".to_owned(),
+            concurrency: 256,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The consume loop and the channel adapters.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt as _;
+use tokio::sync::Semaphore;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::Instrument as _;
+
+use agentloop_bus::{Bus, StreamKind, error_chain};
+use agentloop_lifecycle::{Counter, Health};
+use agentloop_proto::{Encoding, v1::OutboundMessage};
+
+use crate::{DeliveryConfig, DeliveryError};
+
+const SERVICE: &str = "delivery";
+/// The model's way of saying nothing should be sent.
+pub(crate) const NO_REPLY: &str = "NO_REPLY";
+
+struct Ctx {
+    bus: Bus,
+    max_deliver: i64,
+    delivered: Counter,
+    suppressed: Counter,
+    dead_lettered: Counter,
+}
+
+pub(crate) async fn serve(
+    config: DeliveryConfig,
+    health: Health,
+    shutdown: CancellationToken,
+) -> Result<(), DeliveryError> {
+    let ready = health.component(SERVICE);
+    let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
+        return Ok(());
+    };
+    let consumer = bus
+        .durable_consumer(StreamKind::Outbound, &config.delivery.consumer)
+        .await?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(256)
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await
+        .map_err(|e| DeliveryError::Stream(Box::new(e)))?;
+    let ctx = Arc::new(Ctx {
+        bus,
+        max_deliver: config.bus.max_deliver,
+        delivered: health.counter("agentloop_delivery_delivered_total", "Replies delivered."),
+        suppressed: health.counter(
+            "agentloop_delivery_suppressed_total",
+            "Replies suppressed because the model answered NO_REPLY.",
+        ),
+        dead_lettered: health.counter(
+            "agentloop_delivery_dead_letters_total",
+            "Outbound messages dead-lettered.",
+        ),
+    });
+    let slots = Arc::new(Semaphore::new(config.delivery.concurrency.max(1)));
+    let tracker = TaskTracker::new();
+    ready.set(true);
+    tracing::info!("delivery consuming outbound messages");
+    loop {
+        let next = tokio::select! {
+            () = shutdown.cancelled() => break,
+            next = messages.next() => next,
+        };
+        let msg = match next {
+            Some(Ok(msg)) => msg,
+            Some(Err(err)) => {
+                tracing::warn!(error = %err, "outbound consumer error");
+                continue;
+            }
+            None => break,
+        };
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        let ctx = ctx.clone();
+        tracker.spawn(async move {
+            deliver_one(&ctx, msg).await;
+            drop(permit);
+        });
+    }
+    ready.set(false);
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
+    let span = tracing::info_span!("deliver", subject = %msg.subject, run_id = tracing::field::Empty, session_key = tracing::field::Empty);
+    agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
+    async {
+        let outbound = match agentloop_bus::decode::<OutboundMessage>(&msg) {
+            Ok((outbound, _)) => outbound,
+            Err(err) => {
+                ctx.dead_lettered.inc();
+                dead_letter(ctx, &msg, &error_chain(&err)).await;
+                return;
+            }
+        };
+        tracing::Span::current().record("run_id", outbound.run_id.as_str());
+        tracing::Span::current().record("session_key", outbound.session_key.as_str());
+        match deliver(ctx, &outbound).await {
+            Ok(()) => {
+                let _ = msg.ack().await;
+            }
+            Err(reason) => {
+                let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+                if delivered >= ctx.max_deliver {
+                    ctx.dead_lettered.inc();
+                    dead_letter(
+                        ctx,
+                        &msg,
+                        &format!("gave up after {delivered} deliveries: {reason}"),
+                    )
+                    .await;
+                } else {
+                    tracing::warn!(reason, delivered, "delivery failed, will retry");
+                    let _ = msg
+                        .ack_with(AckKind::Nak(Some(Duration::from_millis(
+                            500 * delivered.max(1) as u64,
+                        ))))
+                        .await;
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+async fn dead_letter(ctx: &Ctx, msg: &jetstream::Message, reason: &str) {
+    match ctx
+        .bus
+        .dead_letter(
+            SERVICE,
+            &msg.subject,
+            msg.headers.as_ref(),
+            msg.payload.clone(),
+            reason,
+        )
+        .await
+    {
+        Ok(()) => {
+            let _ = msg.ack().await;
+        }
+        Err(err) => {
+            tracing::error!(error = %error_chain(&err), "failed to dead-letter, will retry");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+        }
+    }
+}
+
+/// Returns whether a reply is the model's request to stay silent.
+pub(crate) fn is_no_reply(text: &str) -> bool {
+    text.trim() == NO_REPLY
+}
+
+async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
+    let silent = outbound.error.is_empty() && is_no_reply(&outbound.text);
+    // A request/reply caller always gets an answer, even an empty one, so it never hangs.
+    if outbound.r#final && !outbound.reply_subject.is_empty() {
+        let mut answer = outbound.clone();
+        if silent {
+            answer.text.clear();
+            answer
+                .metadata
+                .insert("suppressed".to_owned(), "NO_REPLY".to_owned());
+        }
+        let encoding = Encoding::from_name(&outbound.reply_encoding);
+        ctx.bus
+            .publish_fast(outbound.reply_subject.clone(), &answer, encoding)
+            .await
+            .map_err(|e| error_chain(&e))?;
+    }
+    if silent {
+        ctx.suppressed.inc();
+        tracing::debug!("NO_REPLY, nothing delivered");
+        return Ok(());
+    }
+    // Channel adapters: cli and nats publish on the bus; chat-app adapters come later and fall
+    // back to the same subject so nothing is lost meanwhile.
+    let subject = ctx
+        .bus
+        .subjects()
+        .deliver(&outbound.channel, &outbound.session_id);
+    ctx.bus
+        .publish_fast(subject, outbound, Encoding::Json)
+        .await
+        .map_err(|e| error_chain(&e))?;
+    ctx.delivered.inc();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_reply_is_recognised_with_surrounding_space_only() {
+        assert!(is_no_reply("NO_REPLY"));
+        assert!(is_no_reply("  NO_REPLY\n"));
+        assert!(!is_no_reply("NO_REPLY please"));
+        assert!(!is_no_reply("no_reply"));
+    }
+}

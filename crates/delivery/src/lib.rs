@@ -1,0 +1,64 @@
+//! Delivery: takes each OutboundMessage from `<prefix>.outbound.>` (stream OUTBOUND, durable
+//! consumer shared by replicas), suppresses `NO_REPLY`, answers request/reply callers on their
+//! reply subject, and hands the reply to the channel's adapter. The `cli` and `nats` channels
+//! (and, until their adapters exist, every other channel) publish it as JSON on
+//! `<prefix>.deliver.<channel>.<session_id>`.
+
+mod config;
+mod deliver;
+
+pub use config::{DeliveryConfig, DeliverySettings};
+
+use agentloop_lifecycle::{AdminServer, Health};
+use tokio_util::sync::CancellationToken;
+
+/// What stops delivery (per-message failures are retried or dead-lettered, never returned).
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    /// The bus could not be set up.
+    #[error("bus setup failed")]
+    Bus(#[from] agentloop_bus::BusError),
+    /// The admin server could not bind.
+    #[error("failed to bind admin address {addr}")]
+    Admin {
+        /// The address configured.
+        addr: String,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The consumer's message stream could not be opened.
+    #[error("failed to open the outbound message stream")]
+    Stream(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Runs delivery with its own admin server until `shutdown` is cancelled.
+///
+/// # Errors
+/// Only startup failures.
+pub async fn run(config: DeliveryConfig, shutdown: CancellationToken) -> Result<(), DeliveryError> {
+    let health = Health::new();
+    let addr = config.delivery.admin_listen.clone();
+    let admin = AdminServer::bind(&addr, health.clone())
+        .await
+        .map_err(|source| DeliveryError::Admin { addr, source })?;
+    if let Ok(local) = admin.local_addr() {
+        tracing::info!(admin = %local, "delivery admin endpoints listening");
+    }
+    let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
+    let result = serve(config, health, shutdown).await;
+    let _ = admin_task.await;
+    result
+}
+
+/// Delivers replies until `shutdown`, reporting readiness into `health`.
+///
+/// # Errors
+/// Only startup failures.
+pub async fn serve(
+    config: DeliveryConfig,
+    health: Health,
+    shutdown: CancellationToken,
+) -> Result<(), DeliveryError> {
+    deliver::serve(config, health, shutdown).await
+}

@@ -1,0 +1,217 @@
+//! One TOML file for every service, each key overridable by `AGENTLOOP_<SECTION>__<KEY>`.
+//!
+//! Each service deserializes the whole merged document into its own config type and takes the
+//! sections it needs, so one file configures a whole stack.
+
+use serde::de::DeserializeOwned;
+use toml::{Table, Value};
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("failed to read config file {path}")]
+    Read {
+        /// The path given.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML.
+    #[error("config file {path} is not valid TOML")]
+    Parse {
+        /// The path given.
+        path: String,
+        /// The parser's complaint.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// The merged configuration does not fit the service's settings.
+    #[error("invalid configuration (file and AGENTLOOP_* environment merged)")]
+    Invalid(#[source] toml::de::Error),
+}
+
+/// Conventional variables of other ecosystems, mapped onto config keys. `AGENTLOOP_*__*` wins.
+const ALIASES: &[(&str, &str, &str)] = &[
+    ("NATS_URL", "bus", "url"),
+    ("DATABASE_URL", "memory", "database_url"),
+    ("AGENTLOOP_MODEL", "models", "default_model"),
+    ("OPENAI_BASE_URL", "models", "openai_base_url"),
+    ("OPENAI_API_KEY", "models", "openai_api_key"),
+    ("ANTHROPIC_BASE_URL", "models", "anthropic_base_url"),
+    ("ANTHROPIC_API_KEY", "models", "anthropic_api_key"),
+];
+
+/// Returns the path given by `--config PATH` (or `--config=PATH`) on the command line, if any.
+pub fn config_path_from_args() -> Option<String> {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--config" {
+            return args.next();
+        }
+        if let Some(path) = arg.strip_prefix("--config=") {
+            return Some(path.to_owned());
+        }
+    }
+    None
+}
+
+/// Loads `T` from `--config`, else `$AGENTLOOP_CONFIG`, else defaults, then the environment.
+///
+/// # Errors
+/// A [`ConfigError`] when the file is unreadable or the merged values don't fit `T`.
+pub fn load_config<T: DeserializeOwned>() -> Result<T, ConfigError> {
+    let path = config_path_from_args().or_else(|| std::env::var("AGENTLOOP_CONFIG").ok());
+    load_config_from(path.as_deref(), std::env::vars())
+}
+
+/// Loads `T` from an optional TOML file overlaid with the given environment variables.
+///
+/// # Errors
+/// A [`ConfigError`] when the file is unreadable or the merged values don't fit `T`.
+pub fn load_config_from<T: DeserializeOwned>(
+    path: Option<&str>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<T, ConfigError> {
+    let mut table = match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            text.parse::<Table>().map_err(|source| ConfigError::Parse {
+                path: path.to_owned(),
+                source,
+            })?
+        }
+        None => Table::new(),
+    };
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    for (name, section, key) in ALIASES {
+        if let Some((_, value)) = env.iter().find(|(k, _)| k == name) {
+            set(&mut table, section, key, Value::String(value.clone()));
+        }
+    }
+    for (name, value) in &env {
+        let Some(rest) = name.strip_prefix("AGENTLOOP_") else {
+            continue;
+        };
+        let Some((section, key)) = rest.split_once("__") else {
+            continue;
+        };
+        let section = section.to_ascii_lowercase();
+        let key = key.to_ascii_lowercase();
+        set(&mut table, &section, &key, parse_env_value(value));
+    }
+    T::deserialize(Value::Table(table)).map_err(ConfigError::Invalid)
+}
+
+fn set(table: &mut Table, section: &str, key: &str, value: Value) {
+    let entry = table
+        .entry(section.to_owned())
+        .or_insert_with(|| Value::Table(Table::new()));
+    if !entry.is_table() {
+        *entry = Value::Table(Table::new());
+    }
+    if let Value::Table(section) = entry {
+        section.insert(key.to_owned(), value);
+    }
+}
+
+/// Environment values are strings; numbers and booleans are typed so numeric settings parse.
+fn parse_env_value(raw: &str) -> Value {
+    if let Ok(i) = raw.parse::<i64>() {
+        return Value::Integer(i);
+    }
+    if let Ok(f) = raw.parse::<f64>()
+        && raw.contains('.')
+        && !raw.contains(':')
+    {
+        return Value::Float(f);
+    }
+    match raw {
+        "true" => Value::Boolean(true),
+        "false" => Value::Boolean(false),
+        _ => Value::String(raw.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Bus {
+        url: String,
+        prefix: String,
+    }
+
+    #[derive(Debug, serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Runner {
+        lease_ttl_ms: u64,
+    }
+
+    #[derive(Debug, serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Cfg {
+        bus: Bus,
+        runner: Runner,
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn environment_overrides_file_and_aliases() {
+        let dir = std::env::temp_dir().join(format!("agentloop-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "[bus]\nurl = \"nats://file:4222\"\nprefix = \"file\"\n",
+        )
+        .unwrap();
+        let cfg: Cfg = load_config_from(
+            path.to_str(),
+            env(&[
+                ("NATS_URL", "nats://alias:4222"),
+                ("AGENTLOOP_BUS__PREFIX", "envprefix"),
+                ("AGENTLOOP_RUNNER__LEASE_TTL_MS", "1500"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(cfg.bus.url, "nats://alias:4222");
+        assert_eq!(cfg.bus.prefix, "envprefix");
+        assert_eq!(cfg.runner.lease_ttl_ms, 1500);
+        let cfg: Cfg = load_config_from(
+            path.to_str(),
+            env(&[
+                ("AGENTLOOP_BUS__URL", "nats://explicit:1"),
+                ("NATS_URL", "nats://alias:4222"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(cfg.bus.url, "nats://explicit:1");
+    }
+
+    #[test]
+    fn a_wrongly_typed_value_is_a_clear_error() {
+        let err = load_config_from::<Cfg>(None, env(&[("AGENTLOOP_RUNNER__LEASE_TTL_MS", "soon")]))
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::Invalid(_)));
+    }
+
+    #[test]
+    fn a_missing_file_names_its_path() {
+        let err =
+            load_config_from::<Cfg>(Some("/nonexistent/agentloop.toml"), env(&[])).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/agentloop.toml"));
+    }
+}

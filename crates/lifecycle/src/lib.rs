@@ -1,0 +1,50 @@
+//! Process lifecycle shared by every service: layered configuration (defaults < TOML file <
+//! environment), shutdown on SIGINT/SIGTERM, and the health, readiness and metrics endpoints.
+
+mod admin;
+mod config;
+mod health;
+
+pub use admin::{AdminServer, admin_routes};
+pub use config::{ConfigError, config_path_from_args, load_config, load_config_from};
+pub use health::{Counter, Health, Readiness};
+
+use tokio_util::sync::CancellationToken;
+
+/// Returns a token cancelled on the first SIGINT or SIGTERM; a second signal exits at once.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested, draining (send the signal again to exit at once)");
+        cancel.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second signal, exiting now");
+        std::process::exit(130);
+    });
+    token
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGTERM, only Ctrl-C stops this process");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

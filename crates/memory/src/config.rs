@@ -1,0 +1,71 @@
+//! The `[memory]` section of the merged configuration document.
+
+use serde::Deserialize;
+
+/// The memory service's view of the configuration document; other sections are ignored.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct MemoryConfig {
+    /// The `[memory]` section.
+    pub memory: MemorySettings,
+}
+
+/// Settings of the memory service (`AGENTLOOP_MEMORY__<KEY>`).
+///
+/// No `deny_unknown_fields`: clients read the same section for `url`, and may add keys of their
+/// own.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct MemorySettings {
+    /// Address the gRPC server binds; port 0 picks a free one.
+    pub listen: String,
+    /// Address clients dial; unused by the server itself.
+    pub url: String,
+    /// Postgres URL; the database is created on start when it does not exist.
+    pub database_url: String,
+    /// Address of `/healthz`, `/readyz` and `/metrics`; empty means an ephemeral loopback port.
+    pub admin_listen: String,
+    /// Size of the Postgres connection pool.
+    pub max_connections: u32,
+    /// Entries returned by `GetHistory` when the request's limit is 0.
+    pub history_limit: u32,
+}
+
+impl Default for MemorySettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:50051".to_owned(),
+            url: "http://127.0.0.1:50051".to_owned(),
+            database_url: "postgres://postgres@127.0.0.1:5432/agentloop".to_owned(),
+            admin_listen: String::new(),
+            max_connections: 16,
+            history_limit: 200,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_section_is_read_from_a_shared_document() {
+        let env = [
+            ("AGENTLOOP_MEMORY__LISTEN", "0.0.0.0:6000"),
+            ("AGENTLOOP_MEMORY__HISTORY_LIMIT", "50"),
+            ("AGENTLOOP_MEMORY__SOME_CLIENT_KEY", "ignored"),
+            ("AGENTLOOP_BUS__URL", "nats://nats:4222"),
+            ("DATABASE_URL", "postgres://db/agentloop"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+
+        let config: MemoryConfig = agentloop_lifecycle::load_config_from(None, env).unwrap();
+
+        assert_eq!(config.memory.listen, "0.0.0.0:6000");
+        assert_eq!(config.memory.history_limit, 50);
+        assert_eq!(config.memory.database_url, "postgres://db/agentloop");
+        assert_eq!(config.memory.url, "http://127.0.0.1:50051");
+        assert_eq!(config.memory.max_connections, 16);
+        assert!(config.memory.admin_listen.is_empty());
+    }
+}

@@ -1,0 +1,82 @@
+//! What can go wrong in the memory service, in terms a caller can act on.
+
+use uuid::Uuid;
+
+/// An error of the memory service or its store.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The caller's epoch no longer holds the session's lease: another replica claimed it, or
+    /// the lease was released. The caller must stop writing for this session.
+    #[error("lease lost: epoch {epoch} no longer holds session {session_id}")]
+    LeaseLost {
+        /// The session whose lease was lost.
+        session_id: Uuid,
+        /// The stale epoch the caller presented.
+        epoch: i64,
+    },
+    /// The session does not exist.
+    #[error("session {0} not found")]
+    SessionNotFound(Uuid),
+    /// The run does not exist, or does not belong to the given session and input.
+    #[error("run {run_id} for input {inbox_seq} not found")]
+    RunNotFound {
+        /// The run id the caller presented.
+        run_id: Uuid,
+        /// The inbox sequence number the caller presented.
+        inbox_seq: i64,
+    },
+    /// The request is malformed (missing id, unparsable UUID, unknown kind or status).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The database is still being connected to at startup.
+    #[error("memory is starting: database not ready")]
+    Starting,
+    /// Postgres cannot be reached right now; retrying later may succeed.
+    #[error("database unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    /// Postgres rejected a statement for a reason retrying will not fix.
+    #[error("database error")]
+    Database(#[source] sqlx::Error),
+    /// The database URL in the configuration does not parse.
+    #[error("invalid database url in [memory] database_url")]
+    DatabaseUrl(#[source] sqlx::Error),
+    /// The schema migrations could not be applied.
+    #[error("failed to run database migrations")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    /// A listener could not be bound.
+    #[error("failed to bind {addr}")]
+    Bind {
+        /// The configured address.
+        addr: String,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server stopped with an error.
+    #[error("grpc server failed")]
+    Serve(#[source] tonic::transport::Error),
+}
+
+impl MemoryError {
+    /// Returns whether the error means the database is unreachable (as opposed to a bad request
+    /// or a bug), which turns readiness off until a query succeeds again.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Starting)
+    }
+}
+
+/// Displays an error with its whole source chain (`outer: inner: root`), for logs and for the
+/// status messages of errors whose cause the caller should see.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(err) = source {
+            write!(f, ": {err}")?;
+            source = err.source();
+        }
+        Ok(())
+    }
+}

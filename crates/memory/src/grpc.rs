@@ -1,0 +1,503 @@
+//! The SessionService gRPC adapter: validates requests, calls the [`Store`] and maps
+//! [`MemoryError`]s onto a deliberately small set of status codes.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use agentloop_lifecycle::{Counter, Health, Readiness};
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::session_service_server::SessionService;
+use chrono::{DateTime, Utc};
+use tonic::{Request, Response, Status};
+use uuid::Uuid;
+
+use crate::MemoryError;
+use crate::error::Chain;
+use crate::store::{self, InboxKind, NewEntry, RunOutcome, RunStatus, Store, non_empty};
+
+/// `ListClaimable` returns at most this many ids when the request says 0.
+const DEFAULT_CLAIMABLE_LIMIT: u32 = 100;
+
+impl From<MemoryError> for Status {
+    fn from(err: MemoryError) -> Self {
+        match &err {
+            MemoryError::LeaseLost { .. } => Status::failed_precondition(err.to_string()),
+            MemoryError::SessionNotFound(_) | MemoryError::RunNotFound { .. } => {
+                Status::not_found(err.to_string())
+            }
+            MemoryError::InvalidArgument(_) => Status::invalid_argument(err.to_string()),
+            MemoryError::Starting => Status::unavailable(err.to_string()),
+            // The cause (refused, pool timed out, server shutting down) tells an operator
+            // reading the caller's logs where to look.
+            MemoryError::Unavailable(_) => Status::unavailable(Chain(&err).to_string()),
+            MemoryError::Database(_)
+            | MemoryError::DatabaseUrl(_)
+            | MemoryError::Migrate(_)
+            | MemoryError::Bind { .. }
+            | MemoryError::Serve(_) => Status::internal(err.to_string()),
+        }
+    }
+}
+
+/// The SessionService implementation, shared by every connection.
+pub(crate) struct SessionApi {
+    /// Set once Postgres is connected and migrated; empty until then.
+    store: Arc<OnceLock<Store>>,
+    readiness: Readiness,
+    history_limit: u32,
+    lease_lost: Counter,
+    internal_errors: Counter,
+}
+
+impl SessionApi {
+    pub(crate) fn new(
+        store: Arc<OnceLock<Store>>,
+        health: &Health,
+        readiness: Readiness,
+        history_limit: u32,
+    ) -> Self {
+        Self {
+            store,
+            readiness,
+            history_limit,
+            lease_lost: health.counter(
+                "agentloop_memory_lease_lost_total",
+                "Fenced writes refused because the caller's epoch no longer held the lease.",
+            ),
+            internal_errors: health.counter(
+                "agentloop_memory_internal_errors_total",
+                "SessionService calls that failed with INTERNAL.",
+            ),
+        }
+    }
+
+    fn store(&self) -> Result<&Store, MemoryError> {
+        self.store.get().ok_or(MemoryError::Starting)
+    }
+
+    fn reply<T>(
+        &self,
+        rpc: &'static str,
+        result: Result<T, MemoryError>,
+    ) -> Result<Response<T>, Status> {
+        result.map(Response::new).map_err(|err| self.fail(rpc, err))
+    }
+
+    fn fail(&self, rpc: &'static str, err: MemoryError) -> Status {
+        match &err {
+            MemoryError::Unavailable(source) => {
+                if store::error::is_outage(source) {
+                    // The health check turns readiness back on once a query succeeds again.
+                    self.readiness.set(false);
+                }
+                tracing::debug!(rpc, error = %Chain(&err), "database unavailable");
+            }
+            MemoryError::LeaseLost { .. } => {
+                self.lease_lost.inc();
+                tracing::debug!(rpc, error = %err, "fenced write refused");
+            }
+            MemoryError::Starting
+            | MemoryError::SessionNotFound(_)
+            | MemoryError::RunNotFound { .. }
+            | MemoryError::InvalidArgument(_) => {
+                tracing::debug!(rpc, error = %err, "rpc refused");
+            }
+            MemoryError::Database(_)
+            | MemoryError::DatabaseUrl(_)
+            | MemoryError::Migrate(_)
+            | MemoryError::Bind { .. }
+            | MemoryError::Serve(_) => {
+                self.internal_errors.inc();
+                tracing::error!(rpc, error = %Chain(&err), "rpc failed");
+            }
+        }
+        Status::from(err)
+    }
+
+    async fn resolve_session(
+        &self,
+        req: pb::ResolveSessionRequest,
+    ) -> Result<pb::Session, MemoryError> {
+        if req.session_key.is_empty() {
+            return Err(MemoryError::InvalidArgument(
+                "session_key is required".to_owned(),
+            ));
+        }
+        let agent_id = if req.agent_id.is_empty() {
+            "main"
+        } else {
+            req.agent_id.as_str()
+        };
+        let channel = (!req.channel.is_empty()).then_some(req.channel.as_str());
+        let session = self
+            .store()?
+            .resolve_session(&req.session_key, agent_id, channel)
+            .await?;
+        Ok(pb::Session {
+            id: session.id.to_string(),
+            key: session.key,
+            agent_id: session.agent_id,
+            channel: session.channel.unwrap_or_default(),
+            model_override: session.model_override.unwrap_or_default(),
+            queue_mode: session.queue_mode.unwrap_or_default(),
+            created_at: Some(timestamp(session.created_at)),
+            created: session.created,
+        })
+    }
+
+    async fn get_history(
+        &self,
+        req: pb::GetHistoryRequest,
+    ) -> Result<pb::GetHistoryResponse, MemoryError> {
+        let session_id = parse_id("session_id", &req.session_id)?;
+        let limit = if req.limit == 0 {
+            self.history_limit
+        } else {
+            req.limit
+        };
+        let entries = self.store()?.get_history(session_id, limit).await?;
+        let entries = entries
+            .into_iter()
+            .map(|entry| pb::Entry {
+                seq: entry.seq,
+                key: entry.key,
+                role: entry.role,
+                content: entry.content,
+                run_id: entry.run_id.map(|id| id.to_string()).unwrap_or_default(),
+                tool_call_id: entry.tool_call_id.unwrap_or_default(),
+                tool_name: entry.tool_name.unwrap_or_default(),
+                data: entry.data.unwrap_or_default(),
+                created_at: Some(timestamp(entry.created_at)),
+            })
+            .collect();
+        Ok(pb::GetHistoryResponse { entries })
+    }
+
+    async fn append_entries(
+        &self,
+        req: pb::AppendEntriesRequest,
+    ) -> Result<pb::AppendEntriesResponse, MemoryError> {
+        let session_id = parse_id("session_id", &req.session_id)?;
+        let mut entries = Vec::with_capacity(req.entries.len());
+        for entry in req.entries {
+            if entry.key.is_empty() {
+                return Err(MemoryError::InvalidArgument(
+                    "every entry needs a key".to_owned(),
+                ));
+            }
+            let run_id = match entry.run_id.as_str() {
+                "" => None,
+                run_id => Some(parse_id("entry run_id", run_id)?),
+            };
+            entries.push(NewEntry {
+                tool_call_id: non_empty(&entry.tool_call_id),
+                tool_name: non_empty(&entry.tool_name),
+                data: non_empty(&entry.data),
+                key: entry.key,
+                role: entry.role,
+                content: entry.content,
+                run_id,
+            });
+        }
+        let appended = self
+            .store()?
+            .append_entries(session_id, req.epoch, &entries)
+            .await?;
+        Ok(pb::AppendEntriesResponse { appended })
+    }
+
+    async fn enqueue(&self, req: pb::EnqueueRequest) -> Result<pb::EnqueueResponse, MemoryError> {
+        let session_id = parse_id("session_id", &req.session_id)?;
+        if req.idempotency_key.is_empty() {
+            return Err(MemoryError::InvalidArgument(
+                "idempotency_key is required".to_owned(),
+            ));
+        }
+        let kind: InboxKind = req.kind.parse()?;
+        let enqueued = self
+            .store()?
+            .enqueue(session_id, &req.idempotency_key, kind, &req.payload)
+            .await?;
+        Ok(pb::EnqueueResponse {
+            inserted: enqueued.inserted,
+            seq: enqueued.seq,
+        })
+    }
+
+    async fn claim_session(
+        &self,
+        req: pb::ClaimSessionRequest,
+    ) -> Result<pb::ClaimSessionResponse, MemoryError> {
+        let session_id = parse_id("session_id", &req.session_id)?;
+        if req.owner.is_empty() {
+            return Err(MemoryError::InvalidArgument("owner is required".to_owned()));
+        }
+        let ttl = parse_ttl(req.ttl_ms)?;
+        let claim = self
+            .store()?
+            .claim_session(session_id, &req.owner, ttl)
+            .await?;
+        Ok(pb::ClaimSessionResponse {
+            claimed: claim.claimed,
+            epoch: claim.epoch,
+            owner: claim.owner.unwrap_or_default(),
+        })
+    }
+
+    async fn renew_lease(
+        &self,
+        req: pb::RenewLeaseRequest,
+    ) -> Result<pb::RenewLeaseResponse, MemoryError> {
+        let session_id = parse_id("session_id", &req.session_id)?;
+        let ttl = parse_ttl(req.ttl_ms)?;
+        let ok = self
+            .store()?
+            .renew_lease(session_id, req.epoch, ttl)
+            .await?;
+        Ok(pb::RenewLeaseResponse { ok })
+    }
+
+    async fn take_next(
+        &self,
+        req: pb::TakeNextRequest,
+    ) -> Result<pb::TakeNextResponse, MemoryError> {
+        let session_id = parse_id("session_id", &req.session_id)?;
+        if req.owner.is_empty() {
+            return Err(MemoryError::InvalidArgument("owner is required".to_owned()));
+        }
+        let Some(taken) = self
+            .store()?
+            .take_next(session_id, req.epoch, &req.owner)
+            .await?
+        else {
+            return Ok(pb::TakeNextResponse {
+                item: None,
+                run: None,
+            });
+        };
+        Ok(pb::TakeNextResponse {
+            item: Some(pb::InboxItem {
+                seq: taken.item.seq,
+                idempotency_key: taken.item.idempotency_key,
+                kind: taken.item.kind,
+                payload: taken.item.payload,
+            }),
+            run: Some(run_message(taken.run)),
+        })
+    }
+
+    async fn finish_run(
+        &self,
+        req: pb::FinishRunRequest,
+    ) -> Result<pb::FinishRunResponse, MemoryError> {
+        let session_id = parse_id("session_id", &req.session_id)?;
+        let outcome = RunOutcome {
+            run_id: parse_id("run_id", &req.run_id)?,
+            inbox_seq: req.inbox_seq,
+            status: req.status.parse::<RunStatus>()?,
+            error: non_empty(&req.error),
+            model: non_empty(&req.model),
+            input_tokens: parse_tokens("input_tokens", req.input_tokens)?,
+            output_tokens: parse_tokens("output_tokens", req.output_tokens)?,
+        };
+        self.store()?
+            .finish_run(session_id, req.epoch, &outcome)
+            .await?;
+        Ok(pb::FinishRunResponse {})
+    }
+
+    async fn release_session(
+        &self,
+        req: pb::ReleaseSessionRequest,
+    ) -> Result<pb::ReleaseSessionResponse, MemoryError> {
+        let session_id = parse_id("session_id", &req.session_id)?;
+        let released = self.store()?.release_session(session_id, req.epoch).await?;
+        Ok(pb::ReleaseSessionResponse { released })
+    }
+
+    async fn list_claimable(
+        &self,
+        req: pb::ListClaimableRequest,
+    ) -> Result<pb::ListClaimableResponse, MemoryError> {
+        let limit = if req.limit == 0 {
+            DEFAULT_CLAIMABLE_LIMIT
+        } else {
+            req.limit
+        };
+        let ids = self.store()?.list_claimable(limit).await?;
+        Ok(pb::ListClaimableResponse {
+            session_ids: ids.into_iter().map(|id| id.to_string()).collect(),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl SessionService for SessionApi {
+    async fn resolve_session(
+        &self,
+        request: Request<pb::ResolveSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let result = SessionApi::resolve_session(self, request.into_inner()).await;
+        self.reply("ResolveSession", result)
+    }
+
+    async fn get_history(
+        &self,
+        request: Request<pb::GetHistoryRequest>,
+    ) -> Result<Response<pb::GetHistoryResponse>, Status> {
+        let result = SessionApi::get_history(self, request.into_inner()).await;
+        self.reply("GetHistory", result)
+    }
+
+    async fn append_entries(
+        &self,
+        request: Request<pb::AppendEntriesRequest>,
+    ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
+        let result = SessionApi::append_entries(self, request.into_inner()).await;
+        self.reply("AppendEntries", result)
+    }
+
+    async fn enqueue(
+        &self,
+        request: Request<pb::EnqueueRequest>,
+    ) -> Result<Response<pb::EnqueueResponse>, Status> {
+        let result = SessionApi::enqueue(self, request.into_inner()).await;
+        self.reply("Enqueue", result)
+    }
+
+    async fn claim_session(
+        &self,
+        request: Request<pb::ClaimSessionRequest>,
+    ) -> Result<Response<pb::ClaimSessionResponse>, Status> {
+        let result = SessionApi::claim_session(self, request.into_inner()).await;
+        self.reply("ClaimSession", result)
+    }
+
+    async fn renew_lease(
+        &self,
+        request: Request<pb::RenewLeaseRequest>,
+    ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
+        let result = SessionApi::renew_lease(self, request.into_inner()).await;
+        self.reply("RenewLease", result)
+    }
+
+    async fn take_next(
+        &self,
+        request: Request<pb::TakeNextRequest>,
+    ) -> Result<Response<pb::TakeNextResponse>, Status> {
+        let result = SessionApi::take_next(self, request.into_inner()).await;
+        self.reply("TakeNext", result)
+    }
+
+    async fn finish_run(
+        &self,
+        request: Request<pb::FinishRunRequest>,
+    ) -> Result<Response<pb::FinishRunResponse>, Status> {
+        let result = SessionApi::finish_run(self, request.into_inner()).await;
+        self.reply("FinishRun", result)
+    }
+
+    async fn release_session(
+        &self,
+        request: Request<pb::ReleaseSessionRequest>,
+    ) -> Result<Response<pb::ReleaseSessionResponse>, Status> {
+        let result = SessionApi::release_session(self, request.into_inner()).await;
+        self.reply("ReleaseSession", result)
+    }
+
+    async fn list_claimable(
+        &self,
+        request: Request<pb::ListClaimableRequest>,
+    ) -> Result<Response<pb::ListClaimableResponse>, Status> {
+        let result = SessionApi::list_claimable(self, request.into_inner()).await;
+        self.reply("ListClaimable", result)
+    }
+}
+
+fn parse_id(field: &str, value: &str) -> Result<Uuid, MemoryError> {
+    if value.is_empty() {
+        return Err(MemoryError::InvalidArgument(format!("{field} is required")));
+    }
+    Uuid::parse_str(value)
+        .map_err(|_| MemoryError::InvalidArgument(format!("{field} {value:?} is not a uuid")))
+}
+
+fn parse_ttl(ttl_ms: u32) -> Result<Duration, MemoryError> {
+    if ttl_ms == 0 {
+        // A zero TTL would hand out a lease that is expired before the caller sees it.
+        return Err(MemoryError::InvalidArgument(
+            "ttl_ms must be positive".to_owned(),
+        ));
+    }
+    Ok(Duration::from_millis(u64::from(ttl_ms)))
+}
+
+fn parse_tokens(field: &str, tokens: u64) -> Result<i64, MemoryError> {
+    i64::try_from(tokens)
+        .map_err(|_| MemoryError::InvalidArgument(format!("{field} {tokens} is out of range")))
+}
+
+fn run_message(run: store::Run) -> pb::Run {
+    pb::Run {
+        id: run.id.to_string(),
+        session_id: run.session_id.to_string(),
+        inbox_seq: run.inbox_seq,
+        status: run.status,
+        attempts: run.attempts,
+        started_at: Some(timestamp(run.started_at)),
+        finished_at: run.finished_at.map(timestamp),
+    }
+}
+
+fn timestamp(at: DateTime<Utc>) -> pbjson_types::Timestamp {
+    pbjson_types::Timestamp {
+        seconds: at.timestamp(),
+        nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_onto_the_small_code_set() {
+        let lost = Status::from(MemoryError::LeaseLost {
+            session_id: Uuid::nil(),
+            epoch: 3,
+        });
+        assert_eq!(lost.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            lost.message().starts_with("lease lost"),
+            "{}",
+            lost.message()
+        );
+        let missing = Status::from(MemoryError::SessionNotFound(Uuid::nil()));
+        assert_eq!(missing.code(), tonic::Code::NotFound);
+        let starting = Status::from(MemoryError::Starting);
+        assert_eq!(starting.code(), tonic::Code::Unavailable);
+        assert_eq!(starting.message(), "memory is starting: database not ready");
+        let down = Status::from(MemoryError::Unavailable(sqlx::Error::PoolTimedOut));
+        assert_eq!(down.code(), tonic::Code::Unavailable);
+        let broken = Status::from(MemoryError::Database(sqlx::Error::RowNotFound));
+        assert_eq!(broken.code(), tonic::Code::Internal);
+    }
+
+    #[test]
+    fn malformed_ids_and_ttls_are_invalid_arguments() {
+        assert!(matches!(
+            parse_id("session_id", ""),
+            Err(MemoryError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            parse_id("session_id", "nope"),
+            Err(MemoryError::InvalidArgument(_))
+        ));
+        assert!(parse_id("session_id", &Uuid::now_v7().to_string()).is_ok());
+        assert!(matches!(parse_ttl(0), Err(MemoryError::InvalidArgument(_))));
+        assert!(matches!(
+            parse_tokens("input_tokens", u64::MAX),
+            Err(MemoryError::InvalidArgument(_))
+        ));
+    }
+}

@@ -1,0 +1,288 @@
+//! The memory server: binds the gRPC listener at once, connects to Postgres in the background
+//! (creating the database and migrating it), and keeps readiness in step with the database.
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use agentloop_lifecycle::{Health, Readiness};
+use agentloop_proto::v1::session_service_server::SessionServiceServer;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions as _, Connection as _, PgConnection};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Chain;
+use crate::grpc::SessionApi;
+use crate::store::{Store, error as store_error};
+use crate::{MemoryConfig, MemoryError};
+
+/// The schema, embedded at build time from `crates/memory/migrations`.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// First retry delay after a failed connection; doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often a ready server checks that Postgres still answers.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+/// An RPC waits this long for a pooled connection before answering UNAVAILABLE.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A bound memory server, not yet serving.
+pub struct Memory {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    config: MemoryConfig,
+    health: Health,
+    readiness: Readiness,
+}
+
+impl Memory {
+    /// Binds the gRPC listener (port 0 allowed) and registers the `memory` readiness component;
+    /// does not wait for Postgres.
+    ///
+    /// # Errors
+    /// [`MemoryError::Bind`] when the address cannot be bound.
+    pub async fn bind(config: MemoryConfig, health: Health) -> Result<Memory, MemoryError> {
+        let addr = config.memory.listen.clone();
+        let bind_error = |source| MemoryError::Bind {
+            addr: addr.clone(),
+            source,
+        };
+        let listener = TcpListener::bind(&addr).await.map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        let readiness = health.component("memory");
+        Ok(Memory {
+            listener,
+            local_addr,
+            config,
+            health,
+            readiness,
+        })
+    }
+
+    /// Returns the bound gRPC address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves gRPC until `shutdown` is cancelled, then drains in-flight calls and closes the
+    /// pool.
+    ///
+    /// Meanwhile it connects to Postgres with backoff (retrying until shutdown, readiness off,
+    /// calls answered UNAVAILABLE), creates the database when missing, runs the migrations and
+    /// turns readiness on. A later outage turns readiness off again; it never ends the server.
+    ///
+    /// # Errors
+    /// [`MemoryError::DatabaseUrl`] for an unparsable URL, [`MemoryError::Migrate`] when the
+    /// schema cannot be migrated (not for an unreachable server), [`MemoryError::Serve`] when
+    /// the gRPC server fails.
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<(), MemoryError> {
+        let Memory {
+            listener,
+            local_addr,
+            config,
+            health,
+            readiness,
+        } = self;
+        let slot = Arc::new(OnceLock::new());
+        let api = SessionApi::new(
+            slot.clone(),
+            &health,
+            readiness.clone(),
+            config.memory.history_limit,
+        );
+        // Whichever half fails first stops the other, so a fatal migration error does not
+        // leave a server that can never become ready.
+        let stop = shutdown.child_token();
+        // Small request/response messages: Nagle would add latency to every call.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let grpc = {
+            let stop = stop.clone();
+            async move {
+                tracing::info!(addr = %local_addr, "memory grpc serving");
+                let served = tonic::transport::Server::builder()
+                    .add_service(SessionServiceServer::new(api))
+                    .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned())
+                    .await
+                    .map_err(MemoryError::Serve);
+                stop.cancel();
+                served
+            }
+        };
+        let database = {
+            let (slot, readiness, stop) = (slot.clone(), readiness.clone(), stop.clone());
+            async move {
+                let supervised = supervise_database(config, slot, readiness, stop.clone()).await;
+                if supervised.is_err() {
+                    stop.cancel();
+                }
+                supervised
+            }
+        };
+        let (served, supervised) = tokio::join!(grpc, database);
+        readiness.set(false);
+        if let Some(store) = slot.get() {
+            store.pool().close().await;
+        }
+        tracing::info!("memory stopped");
+        supervised.and(served)
+    }
+}
+
+/// Connects, migrates, publishes the store, then checks the database every few seconds until
+/// `stop`.
+async fn supervise_database(
+    config: MemoryConfig,
+    slot: Arc<OnceLock<Store>>,
+    readiness: Readiness,
+    stop: CancellationToken,
+) -> Result<(), MemoryError> {
+    let options = PgConnectOptions::from_str(&config.memory.database_url)
+        .map_err(MemoryError::DatabaseUrl)?
+        // Connection chatter (every statement at info) would drown the service's own logs.
+        .disable_statement_logging();
+    let pool = PgPoolOptions::new()
+        .max_connections(config.memory.max_connections.max(1))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        // A ping before every checkout doubles the round trips of each call. A connection that
+        // died with the server fails its next statement with an I/O error instead, which the
+        // caller sees as UNAVAILABLE and retries, and the pool drops that connection.
+        .test_before_acquire(false)
+        .connect_lazy_with(options.clone());
+    let Some(()) = prepare_database(&options, &pool, &stop).await? else {
+        return Ok(());
+    };
+    let store = Store::new(pool);
+    let store = slot.get_or_init(|| store);
+    readiness.set(true);
+    tracing::info!("memory ready: database connected and migrated");
+
+    let mut healthy = true;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(HEALTH_INTERVAL) => {}
+        }
+        let checked = match tokio::time::timeout(HEALTH_INTERVAL, store.ping()).await {
+            Ok(checked) => checked,
+            Err(_elapsed) => Err(MemoryError::Unavailable(sqlx::Error::PoolTimedOut)),
+        };
+        match checked {
+            Ok(()) => {
+                if !healthy {
+                    tracing::info!("database reachable again; memory ready");
+                }
+                healthy = true;
+                readiness.set(true);
+            }
+            Err(err) => {
+                if healthy {
+                    tracing::warn!(error = %Chain(&err), "database check failed; memory not ready");
+                }
+                healthy = false;
+                readiness.set(false);
+            }
+        }
+    }
+}
+
+/// Connects with backoff until the database exists and is migrated; `None` when `stop` came
+/// first.
+async fn prepare_database(
+    options: &PgConnectOptions,
+    pool: &PgPool,
+    stop: &CancellationToken,
+) -> Result<Option<()>, MemoryError> {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let attempt = tokio::select! {
+            () = stop.cancelled() => return Ok(None),
+            attempt = connect_and_migrate(options, pool) => attempt,
+        };
+        match attempt {
+            Ok(()) => return Ok(Some(())),
+            Err(MemoryError::Migrate(err)) if !store_error::is_transient_migration(&err) => {
+                return Err(MemoryError::Migrate(err));
+            }
+            Err(err) => {
+                tracing::warn!(
+                    error = %Chain(&err),
+                    retry_in_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
+                    "cannot reach the database yet; retrying",
+                );
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return Ok(None),
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Checks that the server answers with one direct connection (creating the database on first
+/// start), then migrates through the pool.
+async fn connect_and_migrate(options: &PgConnectOptions, pool: &PgPool) -> Result<(), MemoryError> {
+    // A direct connection fails fast and says why (refused, no such database); the pool would
+    // retry until its acquire timeout and report only that.
+    let probe = match PgConnection::connect_with(options).await {
+        Err(err) if store_error::is_missing_database(&err) => {
+            create_database(options).await?;
+            PgConnection::connect_with(options).await
+        }
+        connected => connected,
+    };
+    let probe = probe.map_err(MemoryError::Unavailable)?;
+    if let Err(err) = probe.close().await {
+        tracing::debug!(error = %err, "closing the probe connection failed");
+    }
+    // Replicas starting together serialize on sqlx's migration advisory lock. Through the pool
+    // rather than the probe: `run(&mut PgConnection)` trips rustc's higher-ranked `Send` check
+    // once this future is spawned.
+    MIGRATOR.run(pool).await.map_err(MemoryError::Migrate)
+}
+
+/// Creates the configured database through the `postgres` maintenance database, so a first
+/// start on a laptop needs no manual step.
+async fn create_database(options: &PgConnectOptions) -> Result<(), MemoryError> {
+    let name = options.get_database().unwrap_or("postgres").to_owned();
+    tracing::info!(database = %name, "database does not exist; creating it");
+    let admin = options.clone().database("postgres");
+    let mut conn = PgConnection::connect_with(&admin)
+        .await
+        .map_err(MemoryError::Unavailable)?;
+    // CREATE DATABASE takes no bind parameters; the name is quoted as an identifier.
+    let statement = format!("CREATE DATABASE {}", quote_identifier(&name));
+    let created = sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+        .execute(&mut conn)
+        .await;
+    if let Err(err) = conn.close().await {
+        tracing::debug!(error = %err, "closing the maintenance connection failed");
+    }
+    match created {
+        Ok(_) => Ok(()),
+        // Another replica created it between our connect and this statement.
+        Err(err) if store_error::is_duplicate_database(&err) => Ok(()),
+        Err(err) if store_error::is_transient(&err) => Err(MemoryError::Unavailable(err)),
+        Err(err) => Err(MemoryError::Database(err)),
+    }
+}
+
+/// Quotes a Postgres identifier: wraps it in double quotes and doubles the ones inside.
+fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_quoted_with_inner_quotes_doubled() {
+        assert_eq!(quote_identifier("agentloop"), "\"agentloop\"");
+        assert_eq!(quote_identifier("a\"b; DROP"), "\"a\"\"b; DROP\"");
+    }
+}

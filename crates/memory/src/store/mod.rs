@@ -1,0 +1,278 @@
+//! The Postgres store: one method per SessionService operation, each a single statement (one
+//! round trip) so the hot path stays cheap. Every write of a run is fenced by the lease epoch
+//! inside the statement that performs it.
+
+pub(crate) mod error;
+mod inbox;
+mod sessions;
+mod transcript;
+
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::MemoryError;
+
+pub use inbox::{Enqueued, InboxItem, Taken};
+pub use sessions::Claim;
+
+/// The memory store over a Postgres pool. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Returns a store over an already migrated pool.
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Returns the underlying pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Runs a trivial query to learn whether Postgres answers.
+    ///
+    /// # Errors
+    /// [`MemoryError::Unavailable`] when it does not.
+    pub async fn ping(&self) -> Result<(), MemoryError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+            .map_err(|err| error::translate(err, Uuid::nil()))
+    }
+
+    /// Explains why a fenced statement matched nothing: the session is unknown, or the epoch
+    /// no longer holds its lease. Only runs on that (rare) failure path, to keep the fenced
+    /// statements themselves lean.
+    async fn lease_failure(&self, session_id: Uuid, epoch: i64) -> MemoryError {
+        let exists = sqlx::query_scalar::<_, bool>(include_str!("queries/session_exists.sql"))
+            .bind(session_id)
+            .fetch_one(&self.pool)
+            .await;
+        match exists {
+            Ok(true) => MemoryError::LeaseLost { session_id, epoch },
+            Ok(false) => MemoryError::SessionNotFound(session_id),
+            Err(err) => error::translate(err, session_id),
+        }
+    }
+}
+
+/// A conversation session.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Session {
+    /// The id the memory service assigned.
+    pub id: Uuid,
+    /// The client's session key.
+    pub key: String,
+    /// The agent serving the session.
+    pub agent_id: String,
+    /// The channel the session was first seen on.
+    pub channel: Option<String>,
+    /// A model chosen for this session, overriding the agent's.
+    pub model_override: Option<String>,
+    /// The session's queue mode, when set.
+    pub queue_mode: Option<String>,
+    /// When the session was first seen.
+    pub created_at: DateTime<Utc>,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
+/// A transcript entry to append.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewEntry {
+    /// Unique per session; a retry with the same key is absorbed.
+    pub key: String,
+    /// `user`, `assistant`, `tool` or `system`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// The run that produced it, if any.
+    pub run_id: Option<Uuid>,
+    /// The tool call this entry belongs to, if any.
+    pub tool_call_id: Option<String>,
+    /// The tool's name, if any.
+    pub tool_name: Option<String>,
+    /// Extra JSON, if any.
+    pub data: Option<String>,
+}
+
+/// A stored transcript entry.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Entry {
+    /// Position in the transcript (increasing, with gaps).
+    pub seq: i64,
+    /// The entry's key.
+    #[sqlx(rename = "entry_key")]
+    pub key: String,
+    /// `user`, `assistant`, `tool` or `system`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// The run that produced it, if any.
+    pub run_id: Option<Uuid>,
+    /// The tool call this entry belongs to, if any.
+    pub tool_call_id: Option<String>,
+    /// The tool's name, if any.
+    pub tool_name: Option<String>,
+    /// Extra JSON, if any.
+    pub data: Option<String>,
+    /// When it was appended.
+    pub created_at: DateTime<Utc>,
+}
+
+/// What an inbox item asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InboxKind {
+    /// A new user message.
+    User,
+    /// Runs after the live run ends.
+    Followup,
+    /// Injected at the next safe point of the live run.
+    Steer,
+    /// Merged with other queued messages into one follow-up.
+    Collect,
+    /// Aborts the live run, then runs.
+    Interrupt,
+}
+
+impl InboxKind {
+    /// Returns the word stored and sent on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Followup => "followup",
+            Self::Steer => "steer",
+            Self::Collect => "collect",
+            Self::Interrupt => "interrupt",
+        }
+    }
+}
+
+impl FromStr for InboxKind {
+    type Err = MemoryError;
+
+    fn from_str(kind: &str) -> Result<Self, Self::Err> {
+        match kind {
+            "user" => Ok(Self::User),
+            "followup" => Ok(Self::Followup),
+            "steer" => Ok(Self::Steer),
+            "collect" => Ok(Self::Collect),
+            "interrupt" => Ok(Self::Interrupt),
+            other => Err(MemoryError::InvalidArgument(format!(
+                "unknown inbox kind {other:?} (expected user, followup, steer, collect or interrupt)"
+            ))),
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    /// A final answer was produced.
+    Completed,
+    /// The run failed.
+    Error,
+    /// The run was aborted.
+    Aborted,
+    /// The run hit its timeout.
+    Timeout,
+    /// The run hit its turn budget.
+    MaxTurns,
+}
+
+impl RunStatus {
+    /// Returns the word stored in `runs.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Error => "error",
+            Self::Aborted => "aborted",
+            Self::Timeout => "timeout",
+            Self::MaxTurns => "max_turns",
+        }
+    }
+}
+
+impl FromStr for RunStatus {
+    type Err = MemoryError;
+
+    fn from_str(status: &str) -> Result<Self, Self::Err> {
+        match status {
+            "completed" => Ok(Self::Completed),
+            "error" => Ok(Self::Error),
+            "aborted" => Ok(Self::Aborted),
+            "timeout" => Ok(Self::Timeout),
+            "max_turns" => Ok(Self::MaxTurns),
+            other => Err(MemoryError::InvalidArgument(format!(
+                "unknown run status {other:?} (expected completed, error, aborted, timeout or max_turns)"
+            ))),
+        }
+    }
+}
+
+/// A run: the processing of one inbox item, possibly over several attempts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// The run's id.
+    pub id: Uuid,
+    /// Its session.
+    pub session_id: Uuid,
+    /// The inbox item it processes.
+    pub inbox_seq: i64,
+    /// `running` or how it ended.
+    pub status: String,
+    /// How many times the item was taken (1 on first take).
+    pub attempts: i32,
+    /// When it was first taken.
+    pub started_at: DateTime<Utc>,
+    /// When it finished, if it did.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The end of a run, as reported by its owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// The run.
+    pub run_id: Uuid,
+    /// The inbox item it processed.
+    pub inbox_seq: i64,
+    /// How it ended.
+    pub status: RunStatus,
+    /// The error, when it failed.
+    pub error: Option<String>,
+    /// The model that answered last.
+    pub model: Option<String>,
+    /// Prompt tokens used.
+    pub input_tokens: i64,
+    /// Completion tokens used.
+    pub output_tokens: i64,
+}
+
+/// Returns `None` for an empty string: proto3 has no null, the schema does.
+pub(crate) fn non_empty(value: &str) -> Option<String> {
+    (!value.is_empty()).then(|| value.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_statuses_round_trip_through_their_words() {
+        for kind in ["user", "followup", "steer", "collect", "interrupt"] {
+            assert_eq!(InboxKind::from_str(kind).unwrap().as_str(), kind);
+        }
+        for status in ["completed", "error", "aborted", "timeout", "max_turns"] {
+            assert_eq!(RunStatus::from_str(status).unwrap().as_str(), status);
+        }
+        assert!(InboxKind::from_str("shout").is_err());
+        assert!(RunStatus::from_str("running").is_err());
+    }
+}

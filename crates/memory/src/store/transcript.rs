@@ -1,0 +1,80 @@
+//! The append-only transcript of a session.
+
+use uuid::Uuid;
+
+use super::{Entry, NewEntry, Store, error::translate};
+use crate::MemoryError;
+
+#[derive(sqlx::FromRow)]
+struct Appended {
+    held: bool,
+    appended: i64,
+}
+
+impl Store {
+    /// Returns the newest `limit` entries of a session, oldest first (none for an unknown
+    /// session: telling the two apart would cost a second lookup on every read).
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn get_history(
+        &self,
+        session_id: Uuid,
+        limit: u32,
+    ) -> Result<Vec<Entry>, MemoryError> {
+        sqlx::query_as::<_, Entry>(include_str!("queries/get_history.sql"))
+            .bind(session_id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|err| translate(err, session_id))
+    }
+
+    /// Appends entries for the lease holder `epoch`, skipping those whose key exists; returns
+    /// how many were new.
+    ///
+    /// # Errors
+    /// [`MemoryError::LeaseLost`] when `epoch` no longer holds the lease,
+    /// [`MemoryError::SessionNotFound`], or a database error.
+    pub async fn append_entries(
+        &self,
+        session_id: Uuid,
+        epoch: i64,
+        entries: &[NewEntry],
+    ) -> Result<u32, MemoryError> {
+        let mut keys = Vec::with_capacity(entries.len());
+        let mut roles = Vec::with_capacity(entries.len());
+        let mut contents = Vec::with_capacity(entries.len());
+        let mut run_ids = Vec::with_capacity(entries.len());
+        let mut tool_call_ids = Vec::with_capacity(entries.len());
+        let mut tool_names = Vec::with_capacity(entries.len());
+        let mut data = Vec::with_capacity(entries.len());
+        for entry in entries {
+            keys.push(entry.key.as_str());
+            roles.push(entry.role.as_str());
+            contents.push(entry.content.as_str());
+            run_ids.push(entry.run_id);
+            tool_call_ids.push(entry.tool_call_id.as_deref());
+            tool_names.push(entry.tool_name.as_deref());
+            data.push(entry.data.as_deref());
+        }
+        let result = sqlx::query_as::<_, Appended>(include_str!("queries/append_entries.sql"))
+            .bind(session_id)
+            .bind(epoch)
+            .bind(keys)
+            .bind(roles)
+            .bind(contents)
+            .bind(run_ids)
+            .bind(tool_call_ids)
+            .bind(tool_names)
+            .bind(data)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|err| translate(err, session_id))?;
+        if !result.held {
+            return Err(self.lease_failure(session_id, epoch).await);
+        }
+        // At most entries.len() rows, which came in one gRPC message.
+        Ok(u32::try_from(result.appended).unwrap_or(u32::MAX))
+    }
+}

@@ -1,0 +1,324 @@
+//! The real gRPC server on port 0, called through the generated client.
+
+use std::time::Duration;
+
+use agentloop_lifecycle::Health;
+use agentloop_memory::{Memory, MemoryConfig, MemoryError, MemorySettings};
+use agentloop_proto::v1 as pb;
+use agentloop_proto::v1::session_service_client::SessionServiceClient;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::wait_until;
+
+/// A memory server running in this process.
+struct Running {
+    health: Health,
+    client: SessionServiceClient<Channel>,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), MemoryError>>,
+}
+
+impl Running {
+    async fn start(database_url: String) -> Running {
+        let config = MemoryConfig {
+            memory: MemorySettings {
+                listen: "127.0.0.1:0".to_owned(),
+                database_url,
+                max_connections: 4,
+                ..MemorySettings::default()
+            },
+        };
+        let health = Health::new();
+        let memory = Memory::bind(config, health.clone())
+            .await
+            .expect("port 0 on loopback binds");
+        let url = format!("http://{}", memory.local_addr());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(memory.serve(shutdown.clone()));
+        let client = SessionServiceClient::connect(url)
+            .await
+            .expect("the listener is bound, so connecting succeeds");
+        Running {
+            health,
+            client,
+            shutdown,
+            task,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.health.readiness().0
+    }
+
+    async fn wait_ready(&self) {
+        wait_until("memory to be ready", Duration::from_secs(10), || async {
+            self.ready().then_some(())
+        })
+        .await;
+    }
+
+    /// Cancels, waits for the graceful stop and asserts it succeeded.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("memory stops within 10s")
+            .expect("the serve task does not panic");
+        assert!(stopped.is_ok(), "{stopped:?}");
+    }
+}
+
+/// Returns a URL for the database behind a `#[sqlx::test]` pool.
+fn url_of(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("postgres"),
+    )
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn the_grpc_api_carries_a_whole_run(pool: PgPool) {
+    let server = Running::start(url_of(&pool)).await;
+    server.wait_ready().await;
+    let mut client = server.client.clone();
+
+    let session = client
+        .resolve_session(pb::ResolveSessionRequest {
+            session_key: "cli:alice".to_owned(),
+            agent_id: String::new(),
+            channel: "cli".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let enqueued = client
+        .enqueue(pb::EnqueueRequest {
+            session_id: session.id.clone(),
+            idempotency_key: "k1".to_owned(),
+            kind: "user".to_owned(),
+            payload: b"hello".to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let claim = client
+        .claim_session(pb::ClaimSessionRequest {
+            session_id: session.id.clone(),
+            owner: "runner-a".to_owned(),
+            ttl_ms: 60_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let taken = client
+        .take_next(pb::TakeNextRequest {
+            session_id: session.id.clone(),
+            epoch: claim.epoch,
+            owner: "runner-a".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run = taken.run.clone().unwrap();
+    let appended = client
+        .append_entries(pb::AppendEntriesRequest {
+            session_id: session.id.clone(),
+            epoch: claim.epoch,
+            entries: vec![
+                pb::Entry {
+                    key: "u1".to_owned(),
+                    role: "user".to_owned(),
+                    content: "hello".to_owned(),
+                    run_id: run.id.clone(),
+                    ..pb::Entry::default()
+                },
+                pb::Entry {
+                    key: "a1".to_owned(),
+                    role: "assistant".to_owned(),
+                    content: "hi".to_owned(),
+                    ..pb::Entry::default()
+                },
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    client
+        .finish_run(pb::FinishRunRequest {
+            session_id: session.id.clone(),
+            epoch: claim.epoch,
+            run_id: run.id.clone(),
+            inbox_seq: run.inbox_seq,
+            status: "completed".to_owned(),
+            model: "fake/model".to_owned(),
+            input_tokens: 3,
+            output_tokens: 5,
+            ..pb::FinishRunRequest::default()
+        })
+        .await
+        .unwrap();
+    let released = client
+        .release_session(pb::ReleaseSessionRequest {
+            session_id: session.id.clone(),
+            epoch: claim.epoch,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let history = client
+        .get_history(pb::GetHistoryRequest {
+            session_id: session.id.clone(),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    assert!(session.created);
+    assert_eq!(session.agent_id, "main");
+    assert_eq!(session.channel, "cli");
+    assert!(session.created_at.is_some());
+    assert!(enqueued.inserted);
+    assert!(claim.claimed);
+    assert_eq!(claim.owner, "runner-a");
+    let item = taken.item.unwrap();
+    assert_eq!((item.seq, item.kind.as_str()), (enqueued.seq, "user"));
+    assert_eq!(item.payload, b"hello");
+    assert_eq!((run.status.as_str(), run.attempts), ("running", 1));
+    assert_eq!(run.session_id, session.id);
+    assert!(run.finished_at.is_none());
+    assert_eq!(appended.appended, 2);
+    assert!(released.released);
+    let keys: Vec<_> = history.entries.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["u1", "a1"]);
+    assert_eq!(history.entries[0].run_id, run.id);
+    assert_eq!(history.entries[1].run_id, "");
+    server.stop().await;
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn bad_requests_and_lost_leases_map_onto_status_codes(pool: PgPool) {
+    let server = Running::start(url_of(&pool)).await;
+    server.wait_ready().await;
+    let mut client = server.client.clone();
+    let session = client
+        .resolve_session(pb::ResolveSessionRequest {
+            session_key: "s".to_owned(),
+            ..pb::ResolveSessionRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    let empty_key = client
+        .resolve_session(pb::ResolveSessionRequest::default())
+        .await
+        .unwrap_err();
+    let bad_uuid = client
+        .get_history(pb::GetHistoryRequest {
+            session_id: "not-a-uuid".to_owned(),
+            limit: 1,
+        })
+        .await
+        .unwrap_err();
+    let bad_kind = client
+        .enqueue(pb::EnqueueRequest {
+            session_id: session.id.clone(),
+            idempotency_key: "k".to_owned(),
+            kind: "shout".to_owned(),
+            payload: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    let unknown_session = client
+        .enqueue(pb::EnqueueRequest {
+            session_id: uuid::Uuid::now_v7().to_string(),
+            idempotency_key: "k".to_owned(),
+            kind: "user".to_owned(),
+            payload: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    let never_claimed = client
+        .append_entries(pb::AppendEntriesRequest {
+            session_id: session.id.clone(),
+            epoch: 0,
+            entries: vec![pb::Entry {
+                key: "m1".to_owned(),
+                role: "user".to_owned(),
+                ..pb::Entry::default()
+            }],
+        })
+        .await
+        .unwrap_err();
+
+    assert_eq!(empty_key.code(), Code::InvalidArgument);
+    assert_eq!(bad_uuid.code(), Code::InvalidArgument);
+    assert_eq!(bad_kind.code(), Code::InvalidArgument);
+    assert_eq!(unknown_session.code(), Code::NotFound);
+    assert_eq!(never_claimed.code(), Code::FailedPrecondition);
+    assert!(
+        never_claimed.message().starts_with("lease lost"),
+        "{}",
+        never_claimed.message()
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn calls_before_the_database_is_reachable_answer_unavailable() {
+    // Nothing listens on port 1: the server keeps retrying and never becomes ready.
+    let server = Running::start("postgres://postgres@127.0.0.1:1/agentloop".to_owned()).await;
+    let mut client = server.client.clone();
+
+    let status = client
+        .resolve_session(pb::ResolveSessionRequest {
+            session_key: "s".to_owned(),
+            ..pb::ResolveSessionRequest::default()
+        })
+        .await
+        .unwrap_err();
+
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "memory is starting: database not ready");
+    assert!(!server.ready());
+    server.stop().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_missing_database_is_created_and_migrated_on_start(pool: PgPool) {
+    let name = format!("agentloop_created_{}", uuid::Uuid::now_v7().simple());
+    let url = url_of(&pool)
+        .rsplit_once('/')
+        .map(|(base, _)| format!("{base}/{name}"))
+        .unwrap();
+    let server = Running::start(url).await;
+
+    server.wait_ready().await;
+    let mut client = server.client.clone();
+    let session = client
+        .resolve_session(pb::ResolveSessionRequest {
+            session_key: "first".to_owned(),
+            ..pb::ResolveSessionRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    assert!(session.created);
+    server.stop().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE \"{name}\" WITH (FORCE)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+}

@@ -1,0 +1,495 @@
+//! The store layer on a fresh, migrated database per test.
+
+use std::time::Duration;
+
+use agentloop_memory::{InboxKind, MemoryError, NewEntry, RunOutcome, RunStatus, Store};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::wait_until;
+
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+fn entry(key: &str, content: &str) -> NewEntry {
+    NewEntry {
+        key: key.to_owned(),
+        role: "user".to_owned(),
+        content: content.to_owned(),
+        ..NewEntry::default()
+    }
+}
+
+fn outcome(run_id: Uuid, inbox_seq: i64, tokens: i64) -> RunOutcome {
+    RunOutcome {
+        run_id,
+        inbox_seq,
+        status: RunStatus::Completed,
+        error: None,
+        model: Some("fake/model".to_owned()),
+        input_tokens: tokens,
+        output_tokens: tokens * 2,
+    }
+}
+
+/// Returns a session held by `owner` with its epoch.
+async fn held_session(store: &Store, key: &str, owner: &str) -> (Uuid, i64) {
+    let session = store
+        .resolve_session(key, "main", None)
+        .await
+        .expect("resolve succeeds");
+    let claim = store
+        .claim_session(session.id, owner, LONG_TTL)
+        .await
+        .expect("claim succeeds");
+    assert!(claim.claimed);
+    (session.id, claim.epoch)
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn resolve_creates_a_session_once_then_returns_the_same_id(pool: PgPool) {
+    let store = Store::new(pool);
+
+    let first = store
+        .resolve_session("cli:alice", "main", Some("cli"))
+        .await
+        .unwrap();
+    let again = store
+        .resolve_session("cli:alice", "other", Some("ws"))
+        .await
+        .unwrap();
+
+    assert!(first.created);
+    assert!(!again.created);
+    assert_eq!(first.id, again.id);
+    assert_eq!(again.agent_id, "main", "first sight decides the agent");
+    assert_eq!(again.channel.as_deref(), Some("cli"));
+    assert_eq!(first.id.get_version_num(), 7);
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn concurrent_first_sights_agree_on_one_session(pool: PgPool) {
+    let store = Store::new(pool);
+
+    let resolves = (0..8).map(|_| {
+        let store = store.clone();
+        async move { store.resolve_session("race", "main", None).await.unwrap() }
+    });
+    let sessions = futures_join_all(resolves).await;
+
+    assert_eq!(sessions.iter().filter(|s| s.created).count(), 1);
+    assert!(sessions.iter().all(|s| s.id == sessions[0].id));
+}
+
+async fn futures_join_all<F: Future + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut outputs = Vec::with_capacity(handles.len());
+    for handle in handles {
+        outputs.push(handle.await.expect("the task does not panic"));
+    }
+    outputs
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_retried_append_is_absorbed(pool: PgPool) {
+    let store = Store::new(pool);
+    let (session_id, epoch) = held_session(&store, "s", "runner-a").await;
+    let run_id = Uuid::now_v7();
+    let batch = vec![
+        NewEntry {
+            run_id: Some(run_id),
+            ..entry("m1", "hello")
+        },
+        NewEntry {
+            role: "assistant".to_owned(),
+            tool_call_id: Some("call-1".to_owned()),
+            tool_name: Some("exec".to_owned()),
+            data: Some("{\"x\":1}".to_owned()),
+            ..entry("m2", "hi")
+        },
+    ];
+
+    let first = store
+        .append_entries(session_id, epoch, &batch)
+        .await
+        .unwrap();
+    let retry = store
+        .append_entries(session_id, epoch, &batch)
+        .await
+        .unwrap();
+    let extended = store
+        .append_entries(session_id, epoch, &[entry("m2", "dup"), entry("m3", "new")])
+        .await
+        .unwrap();
+
+    assert_eq!((first, retry, extended), (2, 0, 1));
+    let history = store.get_history(session_id, 10).await.unwrap();
+    let keys: Vec<_> = history.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["m1", "m2", "m3"]);
+    assert_eq!(history[0].run_id, Some(run_id));
+    assert_eq!(history[1].tool_name.as_deref(), Some("exec"));
+    assert_eq!(history[1].content, "hi", "the retry did not overwrite");
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_repeated_idempotency_key_is_absorbed(pool: PgPool) {
+    let store = Store::new(pool);
+    let session = store.resolve_session("s", "main", None).await.unwrap();
+
+    let first = store
+        .enqueue(session.id, "k1", InboxKind::User, b"one")
+        .await
+        .unwrap();
+    let repeat = store
+        .enqueue(session.id, "k1", InboxKind::User, b"one again")
+        .await
+        .unwrap();
+    let other = store
+        .enqueue(session.id, "k2", InboxKind::Steer, b"two")
+        .await
+        .unwrap();
+    let unknown = store
+        .enqueue(Uuid::now_v7(), "k1", InboxKind::User, b"x")
+        .await;
+
+    assert!(first.inserted);
+    assert!(!repeat.inserted);
+    assert_eq!(repeat.seq, first.seq);
+    assert!(other.inserted && other.seq > first.seq);
+    assert!(
+        matches!(unknown, Err(MemoryError::SessionNotFound(_))),
+        "{unknown:?}"
+    );
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn an_expired_lease_moves_to_a_new_owner_and_fences_the_old_epoch(pool: PgPool) {
+    let store = Store::new(pool);
+    let session = store.resolve_session("s", "main", None).await.unwrap();
+    store
+        .enqueue(session.id, "k1", InboxKind::User, b"one")
+        .await
+        .unwrap();
+    let a = store
+        .claim_session(session.id, "runner-a", Duration::from_millis(200))
+        .await
+        .unwrap();
+    let taken = store
+        .take_next(session.id, a.epoch, "runner-a")
+        .await
+        .unwrap()
+        .unwrap();
+
+    let while_held = store
+        .claim_session(session.id, "runner-b", LONG_TTL)
+        .await
+        .unwrap();
+    let reclaim_by_holder = store
+        .claim_session(session.id, "runner-a", LONG_TTL)
+        .await
+        .unwrap();
+    let b = wait_until("the lease to expire", Duration::from_secs(5), || async {
+        let claim = store
+            .claim_session(session.id, "runner-b", LONG_TTL)
+            .await
+            .unwrap();
+        claim.claimed.then_some(claim)
+    })
+    .await;
+
+    assert!(a.claimed);
+    assert!(!while_held.claimed);
+    assert_eq!(while_held.owner.as_deref(), Some("runner-a"));
+    assert_eq!(while_held.epoch, a.epoch);
+    assert!(
+        !reclaim_by_holder.claimed,
+        "claiming is for taking over, not renewing"
+    );
+    assert_eq!(b.epoch, a.epoch + 1);
+    assert_eq!(b.owner.as_deref(), Some("runner-b"));
+
+    let append = store
+        .append_entries(session.id, a.epoch, &[entry("m1", "late")])
+        .await;
+    let finish = store
+        .finish_run(
+            session.id,
+            a.epoch,
+            &outcome(taken.run.id, taken.item.seq, 1),
+        )
+        .await;
+    let take = store.take_next(session.id, a.epoch, "runner-a").await;
+    let renew = store
+        .renew_lease(session.id, a.epoch, LONG_TTL)
+        .await
+        .unwrap();
+    let release = store.release_session(session.id, a.epoch).await.unwrap();
+    assert!(
+        matches!(append, Err(MemoryError::LeaseLost { .. })),
+        "{append:?}"
+    );
+    assert!(
+        matches!(finish, Err(MemoryError::LeaseLost { .. })),
+        "{finish:?}"
+    );
+    assert!(
+        matches!(take, Err(MemoryError::LeaseLost { .. })),
+        "{take:?}"
+    );
+    assert!(!renew);
+    assert!(!release);
+    assert!(store.get_history(session.id, 10).await.unwrap().is_empty());
+    assert!(
+        store
+            .renew_lease(session.id, b.epoch, LONG_TTL)
+            .await
+            .unwrap()
+    );
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn take_next_returns_the_oldest_input_and_counts_a_retake(pool: PgPool) {
+    let store = Store::new(pool);
+    let (session_id, epoch) = held_session(&store, "s", "runner-a").await;
+    let empty = store
+        .take_next(session_id, epoch, "runner-a")
+        .await
+        .unwrap();
+    let first = store
+        .enqueue(session_id, "k1", InboxKind::User, b"one")
+        .await
+        .unwrap();
+    let second = store
+        .enqueue(session_id, "k2", InboxKind::Followup, b"two")
+        .await
+        .unwrap();
+
+    let taken = store
+        .take_next(session_id, epoch, "runner-a")
+        .await
+        .unwrap()
+        .unwrap();
+    // runner-a dies; runner-b takes over after the lease is handed back by force.
+    sqlx::query("UPDATE sessions SET lease_expires_at = now() - interval '1 second'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let b = store
+        .claim_session(session_id, "runner-b", LONG_TTL)
+        .await
+        .unwrap();
+    let retaken = store
+        .take_next(session_id, b.epoch, "runner-b")
+        .await
+        .unwrap()
+        .unwrap();
+    let finished = store
+        .finish_run(
+            session_id,
+            b.epoch,
+            &outcome(retaken.run.id, retaken.item.seq, 1),
+        )
+        .await
+        .unwrap();
+    let next = store
+        .take_next(session_id, b.epoch, "runner-b")
+        .await
+        .unwrap()
+        .unwrap();
+
+    assert!(empty.is_none());
+    assert_eq!(taken.item.seq, first.seq);
+    assert_eq!(taken.item.payload, b"one");
+    assert_eq!(taken.item.idempotency_key, "k1");
+    assert_eq!(taken.item.kind, "user");
+    assert_eq!(
+        (taken.run.attempts, taken.run.status.as_str()),
+        (1, "running")
+    );
+    assert_eq!(taken.run.id.get_version_num(), 7);
+    assert_eq!(
+        retaken.run.id, taken.run.id,
+        "a re-take resumes the same run"
+    );
+    assert_eq!(retaken.run.attempts, 2);
+    assert_eq!(retaken.run.started_at, taken.run.started_at);
+    assert!(finished);
+    assert_eq!(next.item.seq, second.seq);
+    assert_eq!(next.item.kind, "followup");
+    assert_ne!(next.run.id, taken.run.id);
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_retried_finish_changes_nothing_and_counts_tokens_once(pool: PgPool) {
+    let store = Store::new(pool);
+    let (session_id, epoch) = held_session(&store, "s", "runner-a").await;
+    store
+        .enqueue(session_id, "k1", InboxKind::User, b"one")
+        .await
+        .unwrap();
+    let taken = store
+        .take_next(session_id, epoch, "runner-a")
+        .await
+        .unwrap()
+        .unwrap();
+    let done = outcome(taken.run.id, taken.item.seq, 10);
+
+    let first = store.finish_run(session_id, epoch, &done).await.unwrap();
+    let retry = store.finish_run(session_id, epoch, &done).await.unwrap();
+    let wrong_run = store
+        .finish_run(
+            session_id,
+            epoch,
+            &outcome(Uuid::now_v7(), taken.item.seq, 1),
+        )
+        .await;
+
+    assert!(first);
+    assert!(!retry);
+    assert!(
+        matches!(wrong_run, Err(MemoryError::RunNotFound { .. })),
+        "{wrong_run:?}"
+    );
+    let (input, output): (i64, i64) =
+        sqlx::query_as("SELECT input_tokens, output_tokens FROM sessions WHERE id = $1")
+            .bind(session_id)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!((input, output), (10, 20));
+    let (status, consumed_by): (String, Option<Uuid>) = sqlx::query_as(
+        "SELECT r.status, i.run_id FROM runs r JOIN session_inbox i ON i.seq = r.inbox_seq WHERE r.id = $1",
+    )
+    .bind(taken.run.id)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(status, "completed");
+    assert_eq!(consumed_by, Some(taken.run.id));
+    assert!(
+        store
+            .take_next(session_id, epoch, "runner-a")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn release_is_refused_while_inputs_are_pending(pool: PgPool) {
+    let store = Store::new(pool);
+    let (session_id, epoch) = held_session(&store, "s", "runner-a").await;
+    store
+        .enqueue(session_id, "k1", InboxKind::User, b"one")
+        .await
+        .unwrap();
+
+    let while_pending = store.release_session(session_id, epoch).await.unwrap();
+    let taken = store
+        .take_next(session_id, epoch, "runner-a")
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .finish_run(session_id, epoch, &outcome(taken.run.id, taken.item.seq, 0))
+        .await
+        .unwrap();
+    let once_drained = store.release_session(session_id, epoch).await.unwrap();
+    let next_claim = store
+        .claim_session(session_id, "runner-b", LONG_TTL)
+        .await
+        .unwrap();
+
+    assert!(!while_pending);
+    assert!(once_drained);
+    assert!(next_claim.claimed, "a released lease is free at once");
+    assert_eq!(next_claim.epoch, epoch + 1);
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn list_claimable_lists_free_or_expired_sessions_with_pending_input(pool: PgPool) {
+    let store = Store::new(pool);
+    let idle = store.resolve_session("idle", "main", None).await.unwrap();
+    let free = store.resolve_session("free", "main", None).await.unwrap();
+    let (held, _) = held_session(&store, "held", "runner-a").await;
+    let expiring = store
+        .resolve_session("expiring", "main", None)
+        .await
+        .unwrap();
+    for session_id in [free.id, held, expiring.id] {
+        store
+            .enqueue(session_id, "k1", InboxKind::User, b"x")
+            .await
+            .unwrap();
+    }
+    store
+        .claim_session(expiring.id, "runner-dead", Duration::from_millis(50))
+        .await
+        .unwrap();
+
+    let claimable = wait_until(
+        "the short lease to expire",
+        Duration::from_secs(5),
+        || async {
+            let ids = store.list_claimable(100).await.unwrap();
+            (ids.len() == 2).then_some(ids)
+        },
+    )
+    .await;
+    let limited = store.list_claimable(1).await.unwrap();
+
+    assert_eq!(claimable, [free.id, expiring.id], "longest waiting first");
+    assert!(!claimable.contains(&idle.id));
+    assert_eq!(limited, [free.id]);
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn history_returns_the_newest_entries_oldest_first(pool: PgPool) {
+    let store = Store::new(pool);
+    let (session_id, epoch) = held_session(&store, "s", "runner-a").await;
+    let (other_id, other_epoch) = held_session(&store, "other", "runner-a").await;
+    let entries: Vec<_> = (1..=5)
+        .map(|i| entry(&format!("m{i}"), &format!("{i}")))
+        .collect();
+    store
+        .append_entries(session_id, epoch, &entries)
+        .await
+        .unwrap();
+    store
+        .append_entries(other_id, other_epoch, &[entry("m9", "elsewhere")])
+        .await
+        .unwrap();
+
+    let newest = store.get_history(session_id, 3).await.unwrap();
+
+    let contents: Vec<_> = newest.iter().map(|e| e.content.as_str()).collect();
+    assert_eq!(contents, ["3", "4", "5"]);
+    assert!(newest.windows(2).all(|w| w[0].seq < w[1].seq));
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn fenced_writes_to_an_unknown_session_are_not_found(pool: PgPool) {
+    let store = Store::new(pool);
+    let unknown = Uuid::now_v7();
+
+    let append = store.append_entries(unknown, 1, &[entry("m1", "x")]).await;
+    let take = store.take_next(unknown, 1, "runner-a").await;
+    let claim = store.claim_session(unknown, "runner-a", LONG_TTL).await;
+
+    assert!(
+        matches!(append, Err(MemoryError::SessionNotFound(_))),
+        "{append:?}"
+    );
+    assert!(
+        matches!(take, Err(MemoryError::SessionNotFound(_))),
+        "{take:?}"
+    );
+    assert!(
+        matches!(claim, Err(MemoryError::SessionNotFound(_))),
+        "{claim:?}"
+    );
+}

@@ -1,0 +1,162 @@
+//! `ModelStream`: reads the response body, parses SSE and decodes provider events.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+
+use crate::sse::{SseEvent, SseParser};
+use crate::types::StreamEvent;
+use crate::{ModelError, Provider, anthropic, openai};
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+#[derive(Debug)]
+pub(crate) enum Decoder {
+    OpenAi(openai::Decoder),
+    Anthropic(anthropic::Decoder),
+}
+
+impl Decoder {
+    pub(crate) fn new(provider: Provider) -> Self {
+        match provider {
+            Provider::OpenAi => Self::OpenAi(openai::Decoder::default()),
+            Provider::Anthropic => Self::Anthropic(anthropic::Decoder::default()),
+        }
+    }
+
+    fn on_event(
+        &mut self,
+        event: &SseEvent,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<bool, ModelError> {
+        match self {
+            Self::OpenAi(decoder) => decoder.on_event(event, out),
+            Self::Anthropic(decoder) => decoder.on_event(event, out),
+        }
+    }
+
+    fn on_eof(&mut self, out: &mut VecDeque<StreamEvent>) -> Result<(), ModelError> {
+        match self {
+            Self::OpenAi(decoder) => decoder.on_eof(out),
+            Self::Anthropic(decoder) => decoder.on_eof(out),
+        }
+    }
+}
+
+/// A streamed model response; ends with `StreamEvent::Done` or an error.
+pub struct ModelStream {
+    provider: Provider,
+    url: String,
+    body: ByteStream,
+    parser: SseParser,
+    decoder: Decoder,
+    events: Vec<SseEvent>,
+    pending: VecDeque<StreamEvent>,
+    error: Option<ModelError>,
+    idle_timeout: Duration,
+    finished: bool,
+}
+
+impl std::fmt::Debug for ModelStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelStream")
+            .field("provider", &self.provider)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelStream {
+    pub(crate) fn new(
+        provider: Provider,
+        url: String,
+        response: reqwest::Response,
+        idle_timeout: Duration,
+    ) -> Self {
+        Self {
+            provider,
+            url,
+            body: Box::pin(response.bytes_stream()),
+            parser: SseParser::default(),
+            decoder: Decoder::new(provider),
+            events: Vec::new(),
+            pending: VecDeque::new(),
+            error: None,
+            idle_timeout,
+            finished: false,
+        }
+    }
+
+    /// Returns the next event, `None` after `Done` or after an error.
+    ///
+    /// # Errors
+    /// `Stalled` when no bytes arrive within the request timeout, `Stream` for a provider error
+    /// event, `Protocol` for a malformed or truncated stream, `Transport` when the connection drops.
+    pub async fn next(&mut self) -> Option<Result<StreamEvent, ModelError>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(Ok(event));
+            }
+            if let Some(error) = self.error.take() {
+                return Some(Err(error));
+            }
+            if self.finished {
+                return None;
+            }
+            match tokio::time::timeout(self.idle_timeout, self.body.next()).await {
+                Err(_) => {
+                    self.finished = true;
+                    return Some(Err(ModelError::Stalled {
+                        provider: self.provider,
+                        timeout_ms: u64::try_from(self.idle_timeout.as_millis())
+                            .unwrap_or(u64::MAX),
+                    }));
+                }
+                Ok(Some(Err(err))) => {
+                    self.finished = true;
+                    return Some(Err(ModelError::transport(self.provider, &self.url, err)));
+                }
+                Ok(Some(Ok(bytes))) => {
+                    self.parser.push(&bytes, &mut self.events);
+                    self.decode();
+                }
+                Ok(None) => {
+                    self.parser.finish(&mut self.events);
+                    self.decode();
+                    if !self.finished {
+                        self.finished = true;
+                        if let Err(err) = self.decoder.on_eof(&mut self.pending) {
+                            self.error = Some(err);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Converts this into a `futures::Stream` of the same items.
+    pub fn into_stream(self) -> impl Stream<Item = Result<StreamEvent, ModelError>> + Send {
+        futures::stream::unfold(self, |mut stream| async move {
+            let item = stream.next().await?;
+            Some((item, stream))
+        })
+    }
+
+    fn decode(&mut self) {
+        for event in self.events.drain(..) {
+            if self.finished {
+                break; // bytes after the end marker are ignored
+            }
+            match self.decoder.on_event(&event, &mut self.pending) {
+                Ok(done) => self.finished = done,
+                Err(err) => {
+                    self.finished = true;
+                    self.error = Some(err);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! The wire contract of agentloop: the types generated from `proto/agentloop/v1`, their
+//! protobuf/JSON codec (the Content-Type rule of DESIGN.md) and the validation every service
+//! applies to what it receives. No I/O.
+
+mod codec;
+mod validate;
+
+pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
+pub use validate::{QueueMode, ValidationError, validate_inbound};
+
+/// Generated protobuf messages and the SessionService gRPC client and server.
+#[allow(clippy::all, missing_docs, clippy::unwrap_used)]
+pub mod v1 {
+    tonic::include_proto!("agentloop.v1");
+    include!(concat!(env!("OUT_DIR"), "/agentloop.v1.serde.rs"));
+}
+
+/// Returns the current time as a protobuf timestamp.
+pub fn now() -> pbjson_types::Timestamp {
+    let now = chrono::Utc::now();
+    pbjson_types::Timestamp {
+        seconds: now.timestamp(),
+        nanos: i32::try_from(now.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}

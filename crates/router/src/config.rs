@@ -1,0 +1,74 @@
+//! Router settings: `[bus]`, `[memory]` (url), `[models]` (default, allowlist) and `[router]`.
+
+use agentloop_bus::BusConfig;
+
+/// Everything the router reads from the merged configuration.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct RouterConfig {
+    /// NATS connection and stream layout.
+    pub bus: BusConfig,
+    /// Where the memory service is.
+    pub memory: MemoryEndpoint,
+    /// Model defaults.
+    pub models: ModelDefaults,
+    /// Router-only settings.
+    pub router: RouterSettings,
+}
+
+/// The part of `[memory]` clients read.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct MemoryEndpoint {
+    /// gRPC URL of the memory service.
+    pub url: String,
+}
+
+impl Default for MemoryEndpoint {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:50051".to_owned(),
+        }
+    }
+}
+
+/// The part of `[models]` the router uses for model resolution.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct ModelDefaults {
+    /// The global default `provider/model`.
+    pub default_model: String,
+    /// When not empty, the only models a session may use.
+    pub allowlist: Vec<String>,
+}
+
+impl Default for ModelDefaults {
+    fn default() -> Self {
+        Self {
+            default_model: "openai/gpt-4o-mini".to_owned(),
+            allowlist: Vec::new(),
+        }
+    }
+}
+
+/// `[router]`
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct RouterSettings {
+    /// Admin HTTP address (`/healthz`, `/readyz`, `/metrics`); empty means an ephemeral port.
+    pub admin_listen: String,
+    /// Durable consumer name shared by router replicas.
+    pub consumer: String,
+    /// Messages routed at once; messages of one session keep their order.
+    pub lanes: usize,
+}
+
+impl Default for RouterSettings {
+    fn default() -> Self {
+        Self {
+            admin_listen: String::new(),
+            consumer: "router".to_owned(),
+            lanes: 32,
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! Router errors.
+
+/// What stops the router (per-message failures are dead-lettered, never returned).
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// The bus could not be set up.
+    #[error("bus setup failed")]
+    Bus(#[from] agentloop_bus::BusError),
+    /// The memory URL is not a valid URI.
+    #[error("invalid memory url {url}")]
+    MemoryUrl {
+        /// The URL configured.
+        url: String,
+        /// The parser's complaint.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The admin server could not bind.
+    #[error("failed to bind admin address {addr}")]
+    Admin {
+        /// The address configured.
+        addr: String,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The consumer's message stream could not be opened.
+    #[error("failed to open the inbound message stream")]
+    Stream(#[source] Box<dyn std::error::Error + Send + Sync>),
+}

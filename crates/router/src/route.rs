@@ -1,0 +1,295 @@
+//! The consume loop: decode and validate on the dispatcher, then one ordered lane per session
+//! hash, so two messages of one session are never routed out of order.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt as _;
+use tokio::sync::mpsc;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::Instrument as _;
+
+use agentloop_bus::{Bus, StreamKind, error_chain};
+use agentloop_lifecycle::{Counter, Health};
+use agentloop_proto::v1::{
+    InboundMessage, ResolveSessionRequest, RunCommand, session_service_client::SessionServiceClient,
+};
+use agentloop_telemetry::TracedChannel;
+
+use crate::{RouterConfig, RouterError};
+
+const SERVICE: &str = "router";
+
+struct Routed {
+    msg: jetstream::Message,
+    inbound: InboundMessage,
+    span: tracing::Span,
+}
+
+#[derive(Clone)]
+struct Ctx {
+    bus: Bus,
+    sessions: SessionServiceClient<TracedChannel>,
+    config: RouterConfig,
+    routed: Counter,
+    retried: Counter,
+}
+
+pub(crate) async fn serve(
+    config: RouterConfig,
+    health: Health,
+    shutdown: CancellationToken,
+) -> Result<(), RouterError> {
+    let ready = health.component(SERVICE);
+    let dead_lettered = health.counter(
+        "agentloop_router_dead_letters_total",
+        "Inbound messages dead-lettered.",
+    );
+    let Some(bus) = agentloop_bus::Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await?
+    else {
+        return Ok(());
+    };
+    let channel = agentloop_telemetry::traced_channel(&config.memory.url).map_err(|source| {
+        RouterError::MemoryUrl {
+            url: config.memory.url.clone(),
+            source,
+        }
+    })?;
+    let consumer = bus
+        .durable_consumer(StreamKind::Inbound, &config.router.consumer)
+        .await?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(256)
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await
+        .map_err(|e| RouterError::Stream(Box::new(e)))?;
+    let ctx = Ctx {
+        bus: bus.clone(),
+        sessions: SessionServiceClient::new(channel),
+        routed: health.counter("agentloop_router_routed_total", "Run commands published."),
+        retried: health.counter(
+            "agentloop_router_retries_total",
+            "Inbound messages handed back for redelivery after a transient failure.",
+        ),
+        config: config.clone(),
+    };
+    let lanes_n = config.router.lanes.max(1);
+    let tracker = TaskTracker::new();
+    let mut lanes = Vec::with_capacity(lanes_n);
+    for _ in 0..lanes_n {
+        // Bounded: a slow memory service pushes back on the dispatcher instead of growing memory.
+        let (tx, rx) = mpsc::channel::<Routed>(64);
+        lanes.push(tx);
+        tracker.spawn(lane(ctx.clone(), rx));
+    }
+    ready.set(true);
+    tracing::info!(prefix = %config.bus.prefix, "router consuming inbound messages");
+    loop {
+        let next = tokio::select! {
+            () = shutdown.cancelled() => break,
+            next = messages.next() => next,
+        };
+        let msg = match next {
+            Some(Ok(msg)) => msg,
+            Some(Err(err)) => {
+                tracing::warn!(error = %err, "inbound consumer error");
+                continue;
+            }
+            None => break,
+        };
+        let span = tracing::info_span!("route", subject = %msg.subject, session_key = tracing::field::Empty);
+        agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
+        let inbound = match decode_and_validate(&bus, &msg) {
+            Ok(inbound) => inbound,
+            Err(reason) => {
+                dead_lettered.inc();
+                reject(&bus, &msg, &reason).instrument(span).await;
+                continue;
+            }
+        };
+        span.record("session_key", inbound.session_key.as_str());
+        let lane = lane_of(&inbound.session_key, lanes_n);
+        if lanes[lane]
+            .send(Routed { msg, inbound, span })
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    ready.set(false);
+    drop(lanes);
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+fn lane_of(key: &str, n: usize) -> usize {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    (hasher.finish() % n as u64) as usize
+}
+
+fn decode_and_validate(bus: &Bus, msg: &jetstream::Message) -> Result<InboundMessage, String> {
+    let (mut inbound, encoding) =
+        agentloop_bus::decode::<InboundMessage>(msg).map_err(|e| error_chain(&e))?;
+    let channel = bus.subjects().channel_of(&msg.subject).to_owned();
+    agentloop_proto::validate_inbound(&mut inbound, &channel).map_err(|e| e.to_string())?;
+    if inbound.reply_encoding.is_empty() {
+        inbound.reply_encoding = encoding.name().to_owned();
+    }
+    Ok(inbound)
+}
+
+async fn reject(bus: &Bus, msg: &jetstream::Message, reason: &str) {
+    match bus
+        .dead_letter(
+            SERVICE,
+            &msg.subject,
+            msg.headers.as_ref(),
+            msg.payload.clone(),
+            reason,
+        )
+        .await
+    {
+        Ok(()) => {
+            let _ = msg.ack().await;
+        }
+        Err(err) => {
+            // Without a stored dead letter the message must come back, not vanish.
+            tracing::error!(error = %error_chain(&err), "failed to dead-letter, will retry");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+        }
+    }
+}
+
+async fn lane(mut ctx: Ctx, mut rx: mpsc::Receiver<Routed>) {
+    while let Some(routed) = rx.recv().await {
+        let span = routed.span.clone();
+        route_one(&mut ctx, routed).instrument(span).await;
+    }
+}
+
+async fn route_one(ctx: &mut Ctx, routed: Routed) {
+    let Routed { msg, inbound, .. } = routed;
+    match publish_run(ctx, &msg, inbound).await {
+        Ok(()) => {
+            ctx.routed.inc();
+            if let Err(err) = msg.ack().await {
+                tracing::warn!(error = %err, "failed to ack inbound; it will be redelivered and deduplicated");
+            }
+        }
+        Err(err) => {
+            ctx.retried.inc();
+            let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+            if delivered >= ctx.config.bus.max_deliver {
+                reject(
+                    &ctx.bus,
+                    &msg,
+                    &format!("gave up after {delivered} deliveries: {err}"),
+                )
+                .await;
+            } else {
+                tracing::warn!(error = %err, delivered, "routing failed, message handed back for redelivery");
+                let backoff = Duration::from_millis(250 * 2u64.pow(delivered.clamp(1, 5) as u32));
+                let _ = msg.ack_with(AckKind::Nak(Some(backoff))).await;
+            }
+        }
+    }
+}
+
+async fn publish_run(
+    ctx: &mut Ctx,
+    msg: &jetstream::Message,
+    inbound: InboundMessage,
+) -> Result<(), String> {
+    let session = ctx
+        .sessions
+        .resolve_session(ResolveSessionRequest {
+            session_key: inbound.session_key.clone(),
+            agent_id: inbound.agent_id.clone(),
+            channel: inbound.channel.clone(),
+        })
+        .await
+        .map_err(|status| format!("memory: {}", status.message()))?
+        .into_inner();
+    // A message without a client key is keyed by its stream position, which a redelivery keeps.
+    let idempotency_key = if inbound.idempotency_key.is_empty() {
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        format!("inbound-{seq}")
+    } else {
+        inbound.idempotency_key.clone()
+    };
+    let model = resolve_model(&ctx.config, &session.model_override);
+    let command = RunCommand {
+        session_id: session.id.clone(),
+        session_key: inbound.session_key,
+        agent_id: if inbound.agent_id.is_empty() {
+            session.agent_id
+        } else {
+            inbound.agent_id
+        },
+        channel: inbound.channel,
+        sender_id: inbound.sender_id,
+        text: inbound.text,
+        idempotency_key: idempotency_key.clone(),
+        queue_mode: if inbound.queue_mode.is_empty() {
+            session.queue_mode
+        } else {
+            inbound.queue_mode
+        },
+        model,
+        reply_subject: inbound.reply_subject,
+        reply_encoding: inbound.reply_encoding,
+        metadata: inbound.metadata,
+        received_at: inbound.received_at.or_else(|| Some(agentloop_proto::now())),
+        message_id: format!("{}-{}", session.id, idempotency_key),
+    };
+    let msg_id = format!("{}:{}", session.id, idempotency_key);
+    ctx.bus
+        .publish_durable(ctx.bus.subjects().run(&session.id), &command, Some(&msg_id))
+        .await
+        .map_err(|e| error_chain(&e))
+}
+
+/// Session override > global default, and only within the allowlist when one is set.
+fn resolve_model(config: &RouterConfig, session_override: &str) -> String {
+    let allowed = |m: &str| {
+        config.models.allowlist.is_empty() || config.models.allowlist.iter().any(|a| a == m)
+    };
+    if !session_override.is_empty() && allowed(session_override) {
+        return session_override.to_owned();
+    }
+    config.models.default_model.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_session_always_maps_to_one_lane() {
+        let a = lane_of("cli:alice", 32);
+        for _ in 0..10 {
+            assert_eq!(lane_of("cli:alice", 32), a);
+        }
+        assert!(lane_of("x", 1) == 0);
+    }
+
+    #[test]
+    fn session_override_wins_only_inside_the_allowlist() {
+        let mut config = RouterConfig::default();
+        config.models.default_model = "openai/a".into();
+        assert_eq!(resolve_model(&config, "anthropic/b"), "anthropic/b");
+        config.models.allowlist = vec!["openai/a".into()];
+        assert_eq!(resolve_model(&config, "anthropic/b"), "openai/a");
+        assert_eq!(resolve_model(&config, ""), "openai/a");
+    }
+}

@@ -1,0 +1,130 @@
+//! Tracing and OpenTelemetry for every agentloop process: a `tracing` subscriber (text or JSON
+//! logs, `RUST_LOG` filter), OTLP span export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C
+//! `traceparent` propagation over NATS headers and gRPC metadata.
+
+mod propagation;
+
+pub use propagation::{
+    GrpcTraceInjector, TracedChannel, inject_grpc, inject_nats, set_parent_from_nats,
+    traced_channel,
+};
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::{EnvFilter, layer::SubscriberExt, util::SubscriberInitExt};
+
+/// Logging and tracing settings (`[telemetry]`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct TelemetryConfig {
+    /// `text` (default) or `json`.
+    pub log_format: String,
+    /// Filter used when `RUST_LOG` is unset.
+    pub log_level: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            log_format: "text".to_owned(),
+            log_level: "info".to_owned(),
+        }
+    }
+}
+
+/// Why telemetry could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// The OTLP exporter could not be built.
+    #[error("failed to build the OTLP span exporter")]
+    Exporter(#[source] opentelemetry_otlp::ExporterBuildError),
+    /// A global subscriber was already installed.
+    #[error("a tracing subscriber is already installed")]
+    AlreadyInstalled(#[source] tracing_subscriber::util::TryInitError),
+}
+
+/// Flushes and shuts the span exporter down when dropped.
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            // shutdown() blocks on the export; doing it on a plain thread keeps it off the runtime.
+            let handle = std::thread::spawn(move || provider.shutdown());
+            if let Ok(Err(err)) = handle.join() {
+                eprintln!("telemetry: failed to flush spans: {err}");
+            }
+        }
+    }
+}
+
+/// Installs the global subscriber and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, OTLP export.
+/// Must be called inside a tokio runtime (the exporter's gRPC client needs it).
+///
+/// # Errors
+/// [`TelemetryError`] when the exporter cannot be built or a subscriber already exists.
+pub fn init(service: &str, config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(config.log_level.clone()));
+    let otlp_endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let provider = match otlp_endpoint {
+        Some(_) => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .build()
+                .map_err(TelemetryError::Exporter)?;
+            let resource = opentelemetry_sdk::Resource::builder()
+                .with_service_name(service.to_owned())
+                .build();
+            let provider = SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(resource)
+                .build();
+            opentelemetry::global::set_tracer_provider(provider.clone());
+            Some(provider)
+        }
+        None => None,
+    };
+    let otel_layer = provider.as_ref().map(|provider| {
+        tracing_opentelemetry::layer().with_tracer(provider.tracer(service.to_owned()))
+    });
+    let json = config.log_format.eq_ignore_ascii_case("json");
+    let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
+    let result = if json {
+        registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true),
+            )
+            .try_init()
+    } else {
+        registry
+            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .try_init()
+    };
+    result.map_err(TelemetryError::AlreadyInstalled)?;
+    Ok(TelemetryGuard { provider })
+}
+
+/// Installs a text subscriber for tests when `TEST_LOG` is set; safe to call many times.
+pub fn init_for_tests() {
+    if std::env::var_os("TEST_LOG").is_none() {
+        return;
+    }
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_test_writer())
+        .try_init();
+}

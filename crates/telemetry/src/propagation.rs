@@ -1,0 +1,96 @@
+//! W3C trace context through NATS headers and tonic metadata. Header names are lowercase
+//! (`traceparent`, `tracestate`) because NATS header lookups are case-sensitive.
+
+use async_nats::HeaderMap;
+use opentelemetry::global;
+use opentelemetry::propagation::{Extractor, Injector};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+struct NatsInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for NatsInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key, value.as_str());
+    }
+}
+
+struct NatsExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for NatsExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|v| v.as_str())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(k, _)| k.as_ref()).collect()
+    }
+}
+
+/// Writes the current span's context into NATS headers.
+pub fn inject_nats(headers: &mut HeaderMap) {
+    let cx = tracing::Span::current().context();
+    global::get_text_map_propagator(|p| p.inject_context(&cx, &mut NatsInjector(headers)));
+}
+
+/// Makes `span` a child of the context carried in NATS headers, if any.
+pub fn set_parent_from_nats(span: &tracing::Span, headers: Option<&HeaderMap>) {
+    if let Some(headers) = headers
+        && headers.get("traceparent").is_some()
+    {
+        let cx = global::get_text_map_propagator(|p| p.extract(&NatsExtractor(headers)));
+        let _ = span.set_parent(cx);
+    }
+}
+
+struct GrpcInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl Injector for GrpcInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(key), Ok(value)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            tonic::metadata::MetadataValue::try_from(value.as_str()),
+        ) {
+            self.0.insert(key, value);
+        }
+    }
+}
+
+/// Writes the current span's context into gRPC request metadata.
+pub fn inject_grpc(metadata: &mut tonic::metadata::MetadataMap) {
+    let cx = tracing::Span::current().context();
+    global::get_text_map_propagator(|p| p.inject_context(&cx, &mut GrpcInjector(metadata)));
+}
+
+/// A tonic interceptor that adds `traceparent` to every outgoing call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcTraceInjector;
+
+impl tonic::service::Interceptor for GrpcTraceInjector {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        inject_grpc(request.metadata_mut());
+        Ok(request)
+    }
+}
+
+/// A gRPC channel that adds `traceparent` to every call.
+pub type TracedChannel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, GrpcTraceInjector>;
+
+/// Returns a lazily connecting, self-reconnecting channel to `url` that propagates traces.
+///
+/// # Errors
+/// When `url` is not a valid URI.
+pub fn traced_channel(url: &str) -> Result<TracedChannel, tonic::transport::Error> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
+        .connect_timeout(std::time::Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(std::time::Duration::from_secs(30))
+        .connect_lazy();
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        channel,
+        GrpcTraceInjector,
+    ))
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace against a real nats-server (pinned, started per test) and
+# the local Postgres. Usage: ./scripts/test.sh [extra nextest args]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$REPO_ROOT"
+
+ensure_nats_server
+ensure_postgres
+ensure_nextest
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+log "nats-server: $("$NATS_SERVER_BIN" --version), postgres: $DATABASE_URL"
+cargo nextest run --workspace --locked "$@"

@@ -1,0 +1,232 @@
+//! The sandbox: a whole agentloop stack for one test.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt as _;
+
+use agentloop_fake_model::{FakeModel, FakeModelConfig};
+use agentloop_proto::v1::{OutboundMessage, SystemEvent};
+use agentloop_testkit::{NatsServer, ServiceHandle, TestDatabase};
+
+/// How to build a sandbox.
+#[derive(Default)]
+pub struct SandboxOptions {
+    /// Points the runner at this OpenAI base URL instead of the fake model.
+    pub model_url: Option<String>,
+}
+
+/// A running stack.
+#[allow(dead_code)] // kept alive for the test and read by later scenarios
+pub struct Sandbox {
+    pub nats: NatsServer,
+    pub db: TestDatabase,
+    pub fake: FakeModel,
+    pub client: async_nats::Client,
+    pub prefix: String,
+    pub memory_url: String,
+    services: Vec<ServiceHandle<String>>,
+}
+
+fn handle<E: std::fmt::Debug + Send + 'static, F>(
+    name: &'static str,
+    fut: impl FnOnce(tokio_util::sync::CancellationToken) -> F,
+) -> ServiceHandle<String>
+where
+    F: std::future::Future<Output = Result<(), E>> + Send + 'static,
+{
+    agentloop_testkit::spawn(name, move |token| {
+        let fut = fut(token);
+        async move { fut.await.map_err(|e| format!("{e:?}")) }
+    })
+}
+
+impl Sandbox {
+    pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(SandboxOptions::default()).await
+    }
+
+    pub async fn start_with(options: SandboxOptions) -> anyhow::Result<Self> {
+        agentloop_telemetry::init_for_tests();
+        let nats = NatsServer::start()?;
+        let db = TestDatabase::create().await?;
+        let fake = FakeModel::start(FakeModelConfig::default()).await?;
+        let prefix = format!("t{}", &agentloop_bus::nuid()[20..]);
+        let mut bus = agentloop_bus::BusConfig {
+            url: nats.url().to_owned(),
+            prefix: prefix.clone(),
+            ..Default::default()
+        };
+        bus.ack_wait_ms = 5_000;
+
+        let mut memory_config = agentloop_memory::MemoryConfig::default();
+        memory_config.memory.listen = "127.0.0.1:0".to_owned();
+        memory_config.memory.database_url = db.url().to_owned();
+        let health = agentloop_lifecycle::Health::new();
+        let memory = agentloop_memory::Memory::bind(memory_config, health).await?;
+        let memory_url = format!("http://{}", memory.local_addr());
+        let mut services = vec![handle("memory", move |t| memory.serve(t))];
+
+        let mut router = agentloop_router::RouterConfig {
+            bus: bus.clone(),
+            ..Default::default()
+        };
+        router.memory.url = memory_url.clone();
+        router.models.default_model = "openai/fake-echo".to_owned();
+        services.push(handle("router", move |t| agentloop_router::run(router, t)));
+
+        let mut runner = agentloop_agent_runner::RunnerConfig {
+            bus: bus.clone(),
+            ..Default::default()
+        };
+        runner.memory.url = memory_url.clone();
+        runner.models.default_model = "openai/fake-echo".to_owned();
+        runner.models.openai_base_url = options
+            .model_url
+            .clone()
+            .unwrap_or_else(|| fake.openai_base_url());
+        runner.models.request_timeout_ms = 5_000;
+        runner.runner.lease_ttl_ms = 3_000;
+        runner.runner.sweep_interval_ms = 500;
+        services.push(handle("runner", move |t| {
+            agentloop_agent_runner::run(runner, t)
+        }));
+
+        let delivery = agentloop_delivery::DeliveryConfig {
+            bus: bus.clone(),
+            ..Default::default()
+        };
+        services.push(handle("delivery", move |t| {
+            agentloop_delivery::run(delivery, t)
+        }));
+
+        let mut gateway = agentloop_gateway::GatewayConfig {
+            bus: bus.clone(),
+            ..Default::default()
+        };
+        gateway.gateway.listen = "127.0.0.1:0".to_owned();
+        gateway.gateway.ask_timeout_ms = 20_000;
+        services.push(handle("gateway", move |t| {
+            agentloop_gateway::run(gateway, t)
+        }));
+
+        let client = async_nats::connect(nats.url()).await?;
+        let sandbox = Self {
+            nats,
+            db,
+            fake,
+            client,
+            prefix,
+            memory_url,
+            services,
+        };
+        sandbox.wait_ready().await?;
+        Ok(sandbox)
+    }
+
+    /// Waits until every stream and durable consumer exists, i.e. every service is consuming.
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let js = async_nats::jetstream::new(self.client.clone());
+        let upper = self.prefix.to_uppercase();
+        let wanted = [
+            (format!("{upper}_INBOUND"), "router"),
+            (format!("{upper}_RUNS"), "runner"),
+            (format!("{upper}_OUTBOUND"), "delivery"),
+        ];
+        agentloop_testkit::wait_until("services consuming", Duration::from_secs(20), || {
+            let js = js.clone();
+            let wanted = wanted.clone();
+            async move {
+                for (stream, consumer) in &wanted {
+                    let stream = js.get_stream(stream).await.ok()?;
+                    stream
+                        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(consumer)
+                        .await
+                        .ok()?;
+                }
+                Some(())
+            }
+        })
+        .await?;
+        // The gateway subscribes to ask after connecting; a request proves it.
+        agentloop_testkit::wait_until("gateway answering ask", Duration::from_secs(20), || {
+            let client = self.client.clone();
+            let subject = self.subject("ask");
+            async move {
+                let reply = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    client.request(subject, "{}".into()),
+                )
+                .await
+                .ok()?
+                .ok()?;
+                Some(reply)
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    pub fn subject(&self, rest: &str) -> String {
+        format!("{}.{}", self.prefix, rest)
+    }
+
+    /// Publishes JSON on `<prefix>.inbound.<channel>` the way `nats pub` does.
+    pub async fn publish_json(&self, channel: &str, json: serde_json::Value) -> anyhow::Result<()> {
+        self.client
+            .publish(
+                self.subject(&format!("inbound.{channel}")),
+                json.to_string().into(),
+            )
+            .await?;
+        self.client.flush().await?;
+        Ok(())
+    }
+
+    pub async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
+        self.db.pool().await
+    }
+
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        // Stop in reverse start order so nothing is left waiting on a stopped dependency.
+        for service in self.services.into_iter().rev() {
+            service.shutdown().await?;
+        }
+        self.fake.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Collects SystemEvents from a subscription until a run's lifecycle end or error.
+pub async fn collect_run_events(
+    sub: &mut async_nats::Subscriber,
+    timeout: Duration,
+) -> anyhow::Result<Vec<SystemEvent>> {
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, sub.next())
+            .await
+            .context("timed out waiting for the run's end event")?
+            .context("event subscription closed")?;
+        let (event, _) = agentloop_bus::decode::<SystemEvent>(&msg)?;
+        let done = event.stream == "lifecycle" && (event.phase == "end" || event.phase == "error");
+        events.push(event);
+        if done {
+            return Ok(events);
+        }
+    }
+}
+
+/// Waits for the next delivered reply on a subscription.
+pub async fn next_reply(
+    sub: &mut async_nats::Subscriber,
+    timeout: Duration,
+) -> anyhow::Result<OutboundMessage> {
+    let msg = tokio::time::timeout(timeout, sub.next())
+        .await
+        .context("timed out waiting for a delivered reply")?
+        .context("delivery subscription closed")?;
+    let (reply, _) = agentloop_bus::decode::<OutboundMessage>(&msg)?;
+    Ok(reply)
+}

@@ -1,0 +1,7 @@
+//! End-to-end tests of agentloop: every service in-process against a real nats-server, a real
+//! Postgres database and the fake model server over HTTP.
+
+#[cfg(test)]
+mod foundation;
+#[cfg(test)]
+mod harness;
