@@ -107,7 +107,11 @@ pub fn init(service: &str, config: &TelemetryConfig) -> Result<TelemetryGuard, T
             .try_init()
     } else {
         registry
-            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_target(false)
+                    .with_writer(std::io::stderr),
+            )
             .try_init()
     };
     result.map_err(TelemetryError::AlreadyInstalled)?;

@@ -1,0 +1,147 @@
+//! `agentloop all` as a process, the way the README starts it: a JSON message published with
+//! plain core NATS (what `nats pub` does) is answered, and SIGTERM stops it cleanly.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use agentloop_fake_model::{FakeModel, FakeModelConfig};
+use agentloop_testkit::{NatsServer, TestDatabase, wait_until};
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+async fn http_status(addr: &str, path: &str) -> Option<u16> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}
+
+struct Process {
+    child: tokio::process::Child,
+    gateway: String,
+    // Drained while the process runs so a full pipe never blocks its logging.
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+async fn start_all(nats: &NatsServer, db: &TestDatabase, model_env: &[(&str, String)]) -> Process {
+    let memory_port = free_port();
+    let gateway = format!("127.0.0.1:{}", free_port());
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentloop"));
+    command
+        .arg("all")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("NATS_URL", nats.url())
+        .env("DATABASE_URL", db.url())
+        .env(
+            "AGENTLOOP_MEMORY__LISTEN",
+            format!("127.0.0.1:{memory_port}"),
+        )
+        .env(
+            "AGENTLOOP_MEMORY__URL",
+            format!("http://127.0.0.1:{memory_port}"),
+        )
+        .env("AGENTLOOP_GATEWAY__LISTEN", &gateway)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (key, value) in model_env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().unwrap();
+    let mut pipe = child.stderr.take().unwrap();
+    let stderr = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text).await;
+        text
+    });
+    let process = Process {
+        child,
+        gateway,
+        stderr,
+    };
+    let addr = process.gateway.clone();
+    wait_until("agentloop all ready", Duration::from_secs(30), || {
+        let addr = addr.clone();
+        async move { (http_status(&addr, "/readyz").await == Some(200)).then_some(()) }
+    })
+    .await
+    .unwrap();
+    process
+}
+
+async fn send_like_nats_pub(nats: &NatsServer, key: &str, text: &str) -> serde_json::Value {
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let mut replies = client.subscribe("agentloop.deliver.cli.>").await.unwrap();
+    let body = serde_json::json!({"sessionKey": key, "text": text}).to_string();
+    client
+        .publish("agentloop.inbound.cli", body.into())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(20), replies.next())
+        .await
+        .unwrap()
+        .unwrap();
+    serde_json::from_slice(&msg.payload).unwrap()
+}
+
+async fn stop(mut process: Process) -> String {
+    let pid = process.child.id().unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::time::timeout(Duration::from_secs(30), process.child.wait())
+        .await
+        .expect("agentloop all did not exit within 30 s of SIGTERM")
+        .unwrap();
+    let stderr = process.stderr.await.unwrap();
+    assert!(exit.success(), "exit {exit:?}\n{stderr}");
+    stderr
+}
+
+#[tokio::test]
+async fn agentloop_all_answers_a_message_injected_like_the_nats_cli_with_openai_base_url() {
+    let nats = NatsServer::start().unwrap();
+    let db = TestDatabase::create().await.unwrap();
+    let fake = FakeModel::start(FakeModelConfig::default()).await.unwrap();
+    let process = start_all(
+        &nats,
+        &db,
+        &[
+            ("OPENAI_BASE_URL", fake.openai_base_url()),
+            ("AGENTLOOP_MODEL", "openai/any-model".to_owned()),
+        ],
+    )
+    .await;
+
+    let reply = send_like_nats_pub(&nats, "cli:alice", "hi from the cli").await;
+
+    assert_eq!(reply["text"], "echo: hi from the cli", "{reply}");
+    assert_eq!(fake.requests().last().unwrap().body["model"], "any-model");
+    stop(process).await;
+}
+
+#[tokio::test]
+async fn agentloop_all_without_a_provider_says_so_and_uses_the_built_in_fake_model() {
+    let nats = NatsServer::start().unwrap();
+    let db = TestDatabase::create().await.unwrap();
+    let process = start_all(&nats, &db, &[]).await;
+
+    let reply = send_like_nats_pub(&nats, "cli:newcomer", "hello").await;
+
+    assert_eq!(reply["text"], "echo: hello", "{reply}");
+    let logs = stop(process).await;
+    assert!(logs.contains("no model provider configured"), "{logs}");
+}
