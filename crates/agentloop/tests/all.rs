@@ -1,6 +1,8 @@
 //! `agentloop all` as a process, the way the README starts it: a JSON message published with
 //! plain core NATS (what `nats pub` does) is answered, and SIGTERM stops it cleanly.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failure should panic the test
+
 use std::process::Stdio;
 use std::time::Duration;
 
