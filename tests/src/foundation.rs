@@ -388,6 +388,7 @@ async fn a_model_server_that_is_down_gives_an_error_reply_not_a_hang() {
     // Port 1 on loopback refuses connections.
     let sandbox = Sandbox::start_with(SandboxOptions {
         model_url: Some("http://127.0.0.1:1/v1".to_owned()),
+        ..Default::default()
     })
     .await
     .unwrap();

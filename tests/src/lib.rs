@@ -2,6 +2,10 @@
 //! Postgres database and the fake model server over HTTP.
 
 #[cfg(test)]
+mod agent_loop;
+#[cfg(test)]
 mod foundation;
+#[cfg(test)]
+mod gateway;
 #[cfg(test)]
 mod harness;

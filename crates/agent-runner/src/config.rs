@@ -15,6 +15,48 @@ pub struct RunnerConfig {
     pub models: ModelsConfig,
     /// Runner-only settings.
     pub runner: RunnerSettings,
+    /// Agents by id (`[agents.<id>]`); an agent without a section uses the defaults.
+    pub agents: std::collections::BTreeMap<String, AgentConfig>,
+}
+
+/// One agent (`[agents.<id>]`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct AgentConfig {
+    /// Who the agent is (first line of the system prompt); empty derives it from the id.
+    pub identity: String,
+    /// Standing instructions; empty uses `runner.system_prompt`.
+    pub instructions: String,
+    /// Tools offered to the model (`*` for every known tool).
+    pub tools_allow: Vec<String>,
+    /// Tools never offered, even when allowed.
+    pub tools_deny: Vec<String>,
+    /// Model turns per run; 0 uses `runner.max_turns`.
+    pub max_turns: u32,
+    /// Queue mode when neither the message nor the session sets one.
+    pub queue_mode: String,
+    /// The model's context window, in tokens.
+    pub context_window_tokens: usize,
+    /// Tokens kept free for the answer.
+    pub reserve_tokens: usize,
+    /// Run timeout; 0 uses `runner.run_timeout_ms`.
+    pub run_timeout_ms: u64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            identity: String::new(),
+            instructions: String::new(),
+            tools_allow: vec!["*".to_owned()],
+            tools_deny: Vec::new(),
+            max_turns: 0,
+            queue_mode: "followup".to_owned(),
+            context_window_tokens: 128_000,
+            reserve_tokens: 16_384,
+            run_timeout_ms: 0,
+        }
+    }
 }
 
 /// The part of `[memory]` clients read.
@@ -61,6 +103,14 @@ pub struct RunnerSettings {
     pub intake_lanes: usize,
     /// Time given to in-flight runs on shutdown before they are cut.
     pub drain_timeout_ms: u64,
+    /// Model turns per run unless the agent sets its own.
+    pub max_turns: u32,
+    /// How long a tool call may take unless the tool sets its own.
+    pub tool_timeout_ms: u64,
+    /// Arguments and results in tool events are cut to this many bytes.
+    pub tool_event_max_bytes: usize,
+    /// External hooks (`[[runner.hooks]]`: point, subject, timeout_ms, fail_open).
+    pub hooks: Vec<crate::hooks::ExternalHookConfig>,
 }
 
 impl Default for RunnerSettings {
@@ -78,6 +128,10 @@ impl Default for RunnerSettings {
             run_timeout_ms: 600_000,
             intake_lanes: 32,
             drain_timeout_ms: 25_000,
+            max_turns: 24,
+            tool_timeout_ms: 60_000,
+            tool_event_max_bytes: 4_096,
+            hooks: Vec::new(),
         }
     }
 }

@@ -1,35 +1,45 @@
 //! Run events with a per-run sequence number.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use agentloop_bus::Bus;
 use agentloop_proto::v1::SystemEvent;
 
-/// Emits the SystemEvents of one run, numbering them 1, 2, 3, ...
+/// Emits the SystemEvents of one run, numbering them 1, 2, 3, ... (tools running in parallel
+/// share it, so numbering is atomic).
 pub(crate) struct RunEvents {
     bus: Bus,
     run_id: String,
     session_id: String,
     session_key: String,
-    seq: u32,
+    seq: AtomicU32,
+    max_bytes: usize,
 }
 
 impl RunEvents {
-    pub(crate) fn new(bus: Bus, run_id: &str, session_id: &str, session_key: &str) -> Self {
+    pub(crate) fn new(
+        bus: Bus,
+        run_id: &str,
+        session_id: &str,
+        session_key: &str,
+        max_bytes: usize,
+    ) -> Self {
         Self {
             bus,
             run_id: run_id.to_owned(),
             session_id: session_id.to_owned(),
             session_key: session_key.to_owned(),
-            seq: 0,
+            seq: AtomicU32::new(0),
+            max_bytes,
         }
     }
 
-    fn event(&mut self, stream: &str, phase: &str) -> SystemEvent {
-        self.seq += 1;
+    fn event(&self, stream: &str, phase: &str) -> SystemEvent {
         SystemEvent {
             run_id: self.run_id.clone(),
             session_key: self.session_key.clone(),
             session_id: self.session_id.clone(),
-            seq: self.seq,
+            seq: self.seq.fetch_add(1, Ordering::SeqCst) + 1,
             stream: stream.to_owned(),
             phase: phase.to_owned(),
             ts: Some(agentloop_proto::now()),
@@ -38,16 +48,61 @@ impl RunEvents {
     }
 
     /// Emits a lifecycle event (`start`, `end` or `error`) with JSON details.
-    pub(crate) async fn lifecycle(&mut self, phase: &str, data: serde_json::Value) {
+    pub(crate) async fn lifecycle(&self, phase: &str, data: serde_json::Value) {
         let mut event = self.event("lifecycle", phase);
         event.data = data.to_string();
         self.bus.emit_event(&event).await;
     }
 
     /// Emits a piece of the assistant's answer.
-    pub(crate) async fn delta(&mut self, text: &str) {
+    pub(crate) async fn delta(&self, text: &str) {
         let mut event = self.event("assistant", "delta");
         event.delta = text.to_owned();
         self.bus.emit_event(&event).await;
+    }
+
+    /// Emits a tool event (`start`, `update` or `result`).
+    pub(crate) async fn tool(
+        &self,
+        phase: &str,
+        name: &str,
+        call_id: &str,
+        data: serde_json::Value,
+    ) {
+        let mut event = self.event("tool", phase);
+        event.tool_name = name.to_owned();
+        event.tool_call_id = call_id.to_owned();
+        event.data = data.to_string();
+        self.bus.emit_event(&event).await;
+    }
+
+    /// Cuts `text` to the configured event size, on a character boundary.
+    pub(crate) fn cap(&self, text: &str) -> String {
+        cap(text, self.max_bytes)
+    }
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary, marking the cut.
+pub(crate) fn cap(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[{} bytes cut]", &text[..end], text.len() - end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capping_respects_character_boundaries() {
+        assert_eq!(cap("short", 10), "short");
+        let capped = cap("ééééé", 3);
+        assert!(capped.starts_with('é'));
+        assert!(capped.contains("bytes cut"));
     }
 }

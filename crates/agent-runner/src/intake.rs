@@ -1,7 +1,7 @@
 //! Intake: each RunCommand goes into the session's inbox (durable, deduplicated), is acked, and
 //! then the replica tries to take the session. A sweeper takes sessions whose owner died.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -21,9 +21,12 @@ use agentloop_proto::v1::{
     session_service_client::SessionServiceClient,
 };
 
+use crate::control::{self, SessionSignals};
 use crate::error::MemoryCallError;
+use crate::hooks::Hooks;
 use crate::memory::{Memory, with_retry};
-use crate::{RunnerConfig, RunnerError, RunnerSettings, owner};
+use crate::tools::{CurrentTime, SendMessage, SessionHistory, Tool, remote::RemoteTools};
+use crate::{AgentConfig, Extensions, RunnerConfig, RunnerError, RunnerSettings, owner};
 
 pub(crate) const SERVICE: &str = "runner";
 
@@ -35,8 +38,15 @@ pub(crate) struct Shared {
     pub(crate) settings: RunnerSettings,
     pub(crate) default_model: String,
     pub(crate) owner_id: String,
-    /// Sessions this replica holds the lease of.
-    pub(crate) owned: Mutex<HashSet<String>>,
+    /// Sessions this replica holds the lease of, with the signals of their live run.
+    pub(crate) owned: Mutex<HashMap<String, Arc<SessionSignals>>>,
+    /// Agents by id.
+    pub(crate) agents: std::collections::BTreeMap<String, AgentConfig>,
+    /// Built-in and in-process tools.
+    pub(crate) local_tools: Vec<Arc<dyn Tool>>,
+    /// Tools served by other processes.
+    pub(crate) remote_tools: RemoteTools,
+    pub(crate) hooks: Hooks,
     pub(crate) run_slots: Semaphore,
     pub(crate) model_slots: Semaphore,
     pub(crate) tracker: TaskTracker,
@@ -57,6 +67,7 @@ pub(crate) async fn serve(
     config: RunnerConfig,
     health: Health,
     shutdown: CancellationToken,
+    extensions: Extensions,
 ) -> Result<(), RunnerError> {
     let ready = health.component(SERVICE);
     let dead_lettered = health.counter(
@@ -96,7 +107,19 @@ pub(crate) async fn serve(
         settings: config.runner.clone(),
         default_model: config.models.default_model.clone(),
         owner_id: owner_id.clone(),
-        owned: Mutex::new(HashSet::new()),
+        owned: Mutex::new(HashMap::new()),
+        agents: config.agents.clone(),
+        local_tools: {
+            let mut tools: Vec<Arc<dyn Tool>> = vec![
+                Arc::new(CurrentTime),
+                Arc::new(SessionHistory),
+                Arc::new(SendMessage),
+            ];
+            tools.extend(extensions.tools);
+            tools
+        },
+        remote_tools: RemoteTools::default(),
+        hooks: Hooks::new(extensions.hooks, &config.runner.hooks, bus.client()),
         run_slots: Semaphore::new(config.runner.max_concurrent_runs.max(1)),
         model_slots: Semaphore::new(config.runner.max_concurrent_model_calls.max(1)),
         tracker: TaskTracker::new(),
@@ -126,6 +149,14 @@ pub(crate) async fn serve(
         intake_tasks.spawn(lane(shared.clone(), rx));
     }
     let sweeper = tokio::spawn(sweep(shared.clone()));
+    let controls = control::listen(shared.clone()).await?;
+    if let Err(err) = shared
+        .remote_tools
+        .discover(&bus, Duration::from_millis(config.runner.tool_timeout_ms))
+        .await
+    {
+        tracing::warn!(error = %err, "remote tool discovery unavailable");
+    }
     ready.set(true);
     tracing::info!(owner = %owner_id, prefix = %config.bus.prefix, "runner consuming run commands");
     loop {
@@ -167,6 +198,7 @@ pub(crate) async fn serve(
     intake_tasks.close();
     intake_tasks.wait().await;
     sweeper.abort();
+    controls.abort();
     shared.stopping.cancel();
     shared.tracker.close();
     let drain = Duration::from_millis(shared.settings.drain_timeout_ms);
@@ -279,21 +311,27 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
     if let Err(err) = msg.double_ack().await {
         tracing::warn!(error = %err, "ack failed; a redelivery will be absorbed by the inbox");
     }
-    try_own(shared, &command.session_id).await;
+    let action = match command.queue_mode.as_str() {
+        "interrupt" => "interrupt",
+        _ => "wake",
+    };
+    try_own(shared, &command.session_id, action).await;
 }
 
-/// Claims the session unless this replica already owns it; wakes the owner otherwise.
-pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str) {
+/// Claims the session unless this replica already owns it; otherwise tells the owner about
+/// the new input (`wake`) or that it must stop its live run first (`interrupt`).
+pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str, action: &str) {
     if shared.stopping.is_cancelled() {
         return;
     }
-    if shared
+    let local = shared
         .owned
         .lock()
-        .map(|owned| owned.contains(session_id))
-        .unwrap_or(false)
-    {
+        .ok()
+        .and_then(|owned| owned.get(session_id).cloned());
+    if let Some(signals) = local {
         // The owner keeps taking inputs until the inbox is empty, so it will see this one.
+        signals.apply(action);
         return;
     }
     let request = ClaimSessionRequest {
@@ -313,7 +351,11 @@ pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str) {
             let inserted = shared
                 .owned
                 .lock()
-                .map(|mut owned| owned.insert(session_id.to_owned()))
+                .map(|mut owned| {
+                    owned
+                        .insert(session_id.to_owned(), Arc::new(SessionSignals::default()))
+                        .is_none()
+                })
                 .unwrap_or(false);
             if inserted {
                 shared.metrics.claims.inc();
@@ -327,7 +369,7 @@ pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str) {
         Ok(response) => {
             let wake = ControlMessage {
                 session_id: session_id.to_owned(),
-                action: "wake".to_owned(),
+                action: action.to_owned(),
                 reason: format!("input queued by {}", shared.owner_id),
             };
             tracing::debug!(owner = %response.owner, "session owned elsewhere, waking its owner");
@@ -356,7 +398,7 @@ async fn sweep(shared: Arc<Shared>) {
             Ok(response) => {
                 for session_id in response.into_inner().session_ids {
                     tracing::info!(session_id = %session_id, "sweeper found an unowned session with pending input");
-                    try_own(&shared, &session_id).await;
+                    try_own(&shared, &session_id, "wake").await;
                 }
             }
             Err(status) => {

@@ -7,15 +7,32 @@
 //! writes through memory's gRPC API, and the final OutboundMessage on `<prefix>.outbound.<channel>`.
 
 mod config;
+mod control;
 mod error;
 mod events;
+mod hooks;
 mod intake;
 mod memory;
 mod owner;
+mod prompt;
 mod run;
+mod tools;
 
-pub use config::{MemoryEndpoint, RunnerConfig, RunnerSettings};
+pub use config::{AgentConfig, MemoryEndpoint, RunnerConfig, RunnerSettings};
 pub use error::RunnerError;
+pub use hooks::{ExternalHookConfig, Hook, HookOutcome, HookPoint};
+pub use tools::{SentMessage, Tool, ToolContext, ToolError};
+
+use std::sync::Arc;
+
+/// In-process additions to a runner: tools and hooks given as code rather than configuration.
+#[derive(Default, Clone)]
+pub struct Extensions {
+    /// Extra tools, offered next to the built-ins and the remote ones.
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// In-process hooks, called before the external ones.
+    pub hooks: Vec<Arc<dyn Hook>>,
+}
 
 use agentloop_lifecycle::{AdminServer, Health};
 use tokio_util::sync::CancellationToken;
@@ -25,6 +42,18 @@ use tokio_util::sync::CancellationToken;
 /// # Errors
 /// Only startup failures; a bad command is dead-lettered, a failed run is answered with an error.
 pub async fn run(config: RunnerConfig, shutdown: CancellationToken) -> Result<(), RunnerError> {
+    run_with(config, shutdown, Extensions::default()).await
+}
+
+/// Like [`run`], with in-process tools and hooks.
+///
+/// # Errors
+/// Only startup failures.
+pub async fn run_with(
+    config: RunnerConfig,
+    shutdown: CancellationToken,
+    extensions: Extensions,
+) -> Result<(), RunnerError> {
     let health = Health::new();
     let addr = config.runner.admin_listen.clone();
     let admin = AdminServer::bind(&addr, health.clone())
@@ -34,7 +63,7 @@ pub async fn run(config: RunnerConfig, shutdown: CancellationToken) -> Result<()
         tracing::info!(admin = %local, "runner admin endpoints listening");
     }
     let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
-    let result = serve(config, health, shutdown).await;
+    let result = serve_with(config, health, shutdown, extensions).await;
     let _ = admin_task.await;
     result
 }
@@ -48,5 +77,18 @@ pub async fn serve(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), RunnerError> {
-    intake::serve(config, health, shutdown).await
+    intake::serve(config, health, shutdown, Extensions::default()).await
+}
+
+/// Like [`serve`], with in-process tools and hooks.
+///
+/// # Errors
+/// Only startup failures.
+pub async fn serve_with(
+    config: RunnerConfig,
+    health: Health,
+    shutdown: CancellationToken,
+    extensions: Extensions,
+) -> Result<(), RunnerError> {
+    intake::serve(config, health, shutdown, extensions).await
 }

@@ -8,6 +8,7 @@ use tracing::Instrument as _;
 
 use agentloop_proto::v1::{ReleaseSessionRequest, RenewLeaseRequest, TakeNextRequest};
 
+use crate::control::SessionSignals;
 use crate::error::MemoryCallError;
 use crate::intake::Shared;
 use crate::memory::with_retry;
@@ -17,6 +18,12 @@ use crate::run;
 pub(crate) async fn own(shared: Arc<Shared>, session_id: String, epoch: i64) {
     let span = tracing::info_span!("own", session_id = %session_id, epoch);
     async {
+        let signals = shared
+            .owned
+            .lock()
+            .ok()
+            .and_then(|owned| owned.get(&session_id).cloned())
+            .unwrap_or_default();
         let lease_lost = CancellationToken::new();
         let renewer = tokio::spawn(renew(
             shared.clone(),
@@ -24,7 +31,7 @@ pub(crate) async fn own(shared: Arc<Shared>, session_id: String, epoch: i64) {
             epoch,
             lease_lost.clone(),
         ));
-        owner_loop(&shared, &session_id, epoch, &lease_lost).await;
+        owner_loop(&shared, &session_id, epoch, &lease_lost, &signals).await;
         renewer.abort();
         if let Ok(mut owned) = shared.owned.lock() {
             owned.remove(&session_id);
@@ -39,6 +46,7 @@ async fn owner_loop(
     session_id: &str,
     epoch: i64,
     lease_lost: &CancellationToken,
+    signals: &Arc<SessionSignals>,
 ) {
     loop {
         if lease_lost.is_cancelled() {
@@ -69,7 +77,9 @@ async fn owner_loop(
                     let Ok(_slot) = shared.run_slots.acquire().await else {
                         return;
                     };
-                    match run::execute(shared, session_id, epoch, item, run, lease_lost).await {
+                    match run::execute(shared, session_id, epoch, item, run, lease_lost, signals)
+                        .await
+                    {
                         Ok(()) => {}
                         Err(MemoryCallError::LeaseLost(reason)) => {
                             tracing::warn!(
@@ -94,7 +104,7 @@ async fn owner_loop(
                         Some(true) => return,
                         Some(false) | None => {
                             if let Ok(mut owned) = shared.owned.lock() {
-                                owned.insert(session_id.to_owned());
+                                owned.insert(session_id.to_owned(), signals.clone());
                             }
                         }
                     }

@@ -1,24 +1,31 @@
-//! One run: context from the transcript, a streamed model call, the transcript writes, the final
-//! reply and exactly one lifecycle end or error event.
+//! One run: the two-layer agent loop. The inner layer continues while the model asks for tools
+//! or steering is pending; the owner's loop around it takes follow-ups. Every run ends with
+//! exactly one lifecycle `end` (completed, max_turns, aborted) or `error` (error, timeout).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use futures::future::join_all;
 use prost::Message as _;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_model::{ChatMessage, ChatRequest, ModelRef, StreamEvent, Usage};
+use agentloop_model::{ChatMessage, ChatRequest, ModelRef, StreamEvent, ToolCall, Usage};
 use agentloop_proto::v1::{
     AppendEntriesRequest, Entry, FinishRunRequest, GetHistoryRequest, InboxItem, OutboundMessage,
-    Run, RunCommand,
+    Run, RunCommand, TakeQueuedRequest,
 };
 
+use crate::AgentConfig;
+use crate::control::SessionSignals;
 use crate::error::MemoryCallError;
 use crate::events::RunEvents;
+use crate::hooks::HookPoint;
 use crate::intake::Shared;
 use crate::memory::with_retry;
+use crate::prompt;
+use crate::tools::{SentMessage, Tool, ToolContext, ToolSet};
 
 /// How a run ended.
 struct Outcome {
@@ -27,6 +34,47 @@ struct Outcome {
     error: String,
     model: String,
     usage: Usage,
+    turns: u32,
+}
+
+impl Outcome {
+    fn failed(status: &'static str, model: &str, error: String) -> Self {
+        Self {
+            status,
+            text: String::new(),
+            error,
+            model: model.to_owned(),
+            usage: Usage::default(),
+            turns: 0,
+        }
+    }
+}
+
+/// Everything one run needs, shared by its tools.
+struct RunCtx<'a> {
+    shared: &'a Arc<Shared>,
+    session_id: &'a str,
+    epoch: i64,
+    run: &'a Run,
+    command: &'a RunCommand,
+    agent: AgentConfig,
+    model_name: String,
+    signals: &'a Arc<SessionSignals>,
+    events: RunEvents,
+    sends: Arc<Mutex<Vec<SentMessage>>>,
+    /// Tool calls asked for and not answered yet: if the run is cut, they get synthetic results.
+    open_calls: Mutex<Vec<(u32, ToolCall)>>,
+    usage: Mutex<Usage>,
+    turns: std::sync::atomic::AtomicU32,
+}
+
+/// A tool call's outcome.
+struct ToolOutcome {
+    call: ToolCall,
+    content: String,
+    is_error: bool,
+    /// What is stored in the transcript (a hook may rewrite it).
+    stored: String,
 }
 
 pub(crate) async fn execute(
@@ -36,267 +84,727 @@ pub(crate) async fn execute(
     item: InboxItem,
     run: Run,
     lease_lost: &CancellationToken,
+    signals: &Arc<SessionSignals>,
 ) -> Result<(), MemoryCallError> {
     let command = match RunCommand::decode(item.payload.as_slice()) {
         Ok(command) => command,
         Err(err) => {
             // Intake stored what it received; a corrupt row must still be consumed, not retried forever.
             tracing::error!(error = %err, seq = item.seq, "inbox item is not a RunCommand, finishing it as an error");
-            return finish(
-                shared,
-                session_id,
-                epoch,
-                &run,
-                &item,
-                &Outcome {
-                    status: "error",
-                    text: String::new(),
-                    error: format!("inbox item is not a RunCommand: {err}"),
-                    model: String::new(),
-                    usage: Usage::default(),
-                },
-            )
-            .await;
+            let outcome = Outcome::failed(
+                "error",
+                "",
+                format!("inbox item is not a RunCommand: {err}"),
+            );
+            return finish(shared, session_id, epoch, &run, &item, &outcome).await;
         }
     };
+    let agent_id = if command.agent_id.is_empty() {
+        "main"
+    } else {
+        command.agent_id.as_str()
+    };
+    let agent = shared.agents.get(agent_id).cloned().unwrap_or_default();
+    let model_name = if command.model.is_empty() {
+        shared.default_model.clone()
+    } else {
+        command.model.clone()
+    };
     let span = tracing::info_span!("run", run_id = %run.id, session_key = %command.session_key, attempt = run.attempts);
+    let ctx = RunCtx {
+        shared,
+        session_id,
+        epoch,
+        run: &run,
+        command: &command,
+        agent,
+        model_name,
+        signals,
+        events: RunEvents::new(
+            shared.bus.clone(),
+            &run.id,
+            session_id,
+            &command.session_key,
+            shared.settings.tool_event_max_bytes,
+        ),
+        sends: Arc::new(Mutex::new(Vec::new())),
+        open_calls: Mutex::new(Vec::new()),
+        usage: Mutex::new(Usage::default()),
+        turns: std::sync::atomic::AtomicU32::new(0),
+    };
     async {
-        let mut events = RunEvents::new(shared.bus.clone(), &run.id, session_id, &command.session_key);
-        let model_name = if command.model.is_empty() {
-            shared.default_model.clone()
-        } else {
-            command.model.clone()
-        };
-        events
-            .lifecycle("start", json!({ "model": model_name, "attempt": run.attempts }))
+        ctx.events
+            .lifecycle("start", json!({ "model": ctx.model_name, "attempt": run.attempts, "agentId": agent_id }))
             .await;
-        let timeout = Duration::from_millis(shared.settings.run_timeout_ms);
-        let outcome = tokio::select! {
-            outcome = tokio::time::timeout(timeout, converse(shared, session_id, epoch, &run, &command, &model_name, &mut events)) => match outcome {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(err)) => return Err(err),
-                Err(_) => failed("timeout", &model_name, format!("the run took longer than {} ms", timeout.as_millis())),
-            },
-            () = lease_lost.cancelled() => return Err(MemoryCallError::LeaseLost("lease renewal refused".to_owned())),
-            () = shared.hard_stop.cancelled() => failed("aborted", &model_name, "the runner shut down before the run finished".to_owned()),
-        };
-        reply(shared, session_id, &run, &command, &outcome).await;
-        finish(shared, session_id, epoch, &run, &item, &outcome).await?;
-        if outcome.status == "completed" {
-            shared.metrics.runs_completed.inc();
-            events
-                .lifecycle("end", json!({
-                    "reason": "completed",
-                    "model": outcome.model,
-                    "usage": { "input_tokens": outcome.usage.input_tokens, "output_tokens": outcome.usage.output_tokens },
-                }))
-                .await;
+        let abort = signals.start_run();
+        let timeout_ms = if ctx.agent.run_timeout_ms > 0 {
+            ctx.agent.run_timeout_ms
         } else {
-            shared.metrics.runs_failed.inc();
-            events
-                .lifecycle("error", json!({ "reason": outcome.status, "error": outcome.error, "model": outcome.model }))
-                .await;
+            shared.settings.run_timeout_ms
+        };
+        let timeout = Duration::from_millis(timeout_ms);
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout(timeout, converse(&ctx, &item)) => match outcome {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(err)) => {
+                    signals.end_run();
+                    return Err(err);
+                }
+                Err(_) => ctx.cut("timeout", format!("the run took longer than {timeout_ms} ms")),
+            },
+            () = abort.cancelled() => ctx.cut("aborted", "the run was aborted".to_owned()),
+            () = lease_lost.cancelled() => {
+                signals.end_run();
+                return Err(MemoryCallError::LeaseLost("lease renewal refused".to_owned()));
+            }
+            () = shared.hard_stop.cancelled() => ctx.cut("aborted", "the runner shut down before the run finished".to_owned()),
+        };
+        signals.end_run();
+        if outcome.status != "completed" && outcome.status != "max_turns" {
+            ctx.close_open_calls(outcome.status).await?;
         }
+        ctx.reply(&outcome).await;
+        finish(shared, session_id, epoch, &run, &item, &outcome).await?;
+        let usage = json!({ "input_tokens": outcome.usage.input_tokens, "output_tokens": outcome.usage.output_tokens });
+        match outcome.status {
+            "completed" | "max_turns" | "aborted" => {
+                if outcome.status == "completed" {
+                    shared.metrics.runs_completed.inc();
+                } else {
+                    shared.metrics.runs_failed.inc();
+                }
+                ctx.events
+                    .lifecycle("end", json!({ "reason": outcome.status, "model": outcome.model, "turns": outcome.turns, "usage": usage, "error": outcome.error }))
+                    .await;
+            }
+            _ => {
+                shared.metrics.runs_failed.inc();
+                ctx.events
+                    .lifecycle("error", json!({ "reason": outcome.status, "error": outcome.error, "model": outcome.model, "turns": outcome.turns }))
+                    .await;
+            }
+        }
+        ctx.shared
+            .hooks
+            .run(HookPoint::AgentEnd, json!({ "sessionKey": command.session_key, "runId": run.id, "reason": outcome.status, "error": outcome.error }))
+            .await;
         Ok(())
     }
     .instrument(span)
     .await
 }
 
-fn failed(status: &'static str, model: &str, error: String) -> Outcome {
-    Outcome {
-        status,
-        text: String::new(),
-        error,
-        model: model.to_owned(),
-        usage: Usage::default(),
+impl RunCtx<'_> {
+    fn cut(&self, status: &'static str, error: String) -> Outcome {
+        let usage = self.usage.lock().map(|u| *u).unwrap_or_default();
+        Outcome {
+            status,
+            text: String::new(),
+            error,
+            model: self.model_name.clone(),
+            usage,
+            turns: self.turns.load(std::sync::atomic::Ordering::SeqCst),
+        }
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}:{suffix}", self.run.id)
+    }
+
+    async fn append(&self, entries: Vec<Entry>) -> Result<(), MemoryCallError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let request = AppendEntriesRequest {
+            session_id: self.session_id.to_owned(),
+            epoch: self.epoch,
+            entries,
+        };
+        let memory = self.shared.memory.clone();
+        with_retry("append_entries", || {
+            let mut memory = memory.clone();
+            let request = request.clone();
+            async move { memory.append_entries(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn take_queued(&self, kind: &str) -> Result<Vec<(i64, RunCommand)>, MemoryCallError> {
+        let request = TakeQueuedRequest {
+            session_id: self.session_id.to_owned(),
+            epoch: self.epoch,
+            run_id: self.run.id.clone(),
+            kinds: vec![kind.to_owned()],
+        };
+        let memory = self.shared.memory.clone();
+        let taken = with_retry("take_queued", || {
+            let mut memory = memory.clone();
+            let request = request.clone();
+            async move { memory.take_queued(request).await }
+        })
+        .await?;
+        Ok(taken
+            .items
+            .into_iter()
+            .filter_map(|item| {
+                RunCommand::decode(item.payload.as_slice())
+                    .ok()
+                    .map(|c| (item.seq, c))
+            })
+            .collect())
+    }
+
+    fn user_entry(&self, key: String, text: &str) -> Entry {
+        Entry {
+            key,
+            role: "user".to_owned(),
+            content: text.to_owned(),
+            run_id: self.run.id.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// Stores synthetic results for calls a cut run never answered, so every call has one.
+    async fn close_open_calls(&self, status: &str) -> Result<(), MemoryCallError> {
+        let open: Vec<(u32, ToolCall)> = self
+            .open_calls
+            .lock()
+            .map(|o| o.clone())
+            .unwrap_or_default();
+        let entries = open
+            .iter()
+            .map(|(turn, call)| Entry {
+                key: self.key(&format!("t{turn}:r:{}", call.id)),
+                role: "tool".to_owned(),
+                content: format!("skipped: the run ended ({status}) before this tool finished"),
+                run_id: self.run.id.clone(),
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                data: json!({"isError": true, "synthetic": true}).to_string(),
+                ..Default::default()
+            })
+            .collect();
+        self.append(entries).await
+    }
+
+    /// Publishes the final reply before the run is marked finished, so a crash in between re-runs
+    /// into the same message id and the stream drops the duplicate.
+    async fn reply(&self, outcome: &Outcome) {
+        let command = self.command;
+        let mut text = match outcome.status {
+            "completed" | "max_turns" => outcome.text.clone(),
+            "aborted" => "Stopped.".to_owned(),
+            _ => format!("Sorry, I could not answer: {}", outcome.error),
+        };
+        let mut metadata = command.metadata.clone();
+        let sending = self
+            .shared
+            .hooks
+            .run(
+                HookPoint::MessageSending,
+                json!({ "sessionKey": command.session_key, "runId": self.run.id, "text": text }),
+            )
+            .await;
+        if let Some(rewritten) = sending.text {
+            text = rewritten;
+        }
+        if sending.block {
+            metadata.insert(
+                "suppressed".to_owned(),
+                sending
+                    .reason
+                    .unwrap_or_else(|| "blocked by a hook".to_owned()),
+            );
+        }
+        // The messaging tool already said it: the final reply must not say it twice.
+        let already_sent = self.sends.lock().map(|sends| {
+            sends
+                .iter()
+                .any(|s| s.channel == command.channel && s.text.trim() == text.trim())
+        });
+        if already_sent.unwrap_or(false) {
+            metadata.insert("deliveredByTool".to_owned(), "send_message".to_owned());
+        }
+        let message = OutboundMessage {
+            run_id: self.run.id.clone(),
+            session_key: command.session_key.clone(),
+            channel: command.channel.clone(),
+            recipient: command.sender_id.clone(),
+            text: text.clone(),
+            r#final: true,
+            reply_to_id: command.message_id.clone(),
+            session_id: self.session_id.to_owned(),
+            error: match outcome.status {
+                "completed" | "max_turns" => String::new(),
+                status => format!("{status}: {}", outcome.error),
+            },
+            reply_subject: command.reply_subject.clone(),
+            reply_encoding: command.reply_encoding.clone(),
+            metadata,
+            ts: Some(agentloop_proto::now()),
+        };
+        let subject = self.shared.bus.subjects().outbound(&command.channel);
+        let msg_id = format!("{}:final", self.run.id);
+        let mut delay = Duration::from_millis(100);
+        for attempt in 1..=8 {
+            match self
+                .shared
+                .bus
+                .publish_durable(subject.clone(), &message, Some(&msg_id))
+                .await
+            {
+                Ok(()) => {
+                    self.shared
+                        .hooks
+                        .run(HookPoint::MessageSent, json!({ "sessionKey": command.session_key, "runId": self.run.id, "text": text }))
+                        .await;
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %agentloop_bus::error_chain(&err), attempt, "failed to publish the reply, retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        tracing::error!("gave up publishing the reply");
+    }
+
+    fn tool_context(&self, call_id: &str) -> ToolContext {
+        ToolContext {
+            session_id: self.session_id.to_owned(),
+            session_key: self.command.session_key.clone(),
+            run_id: self.run.id.clone(),
+            call_id: call_id.to_owned(),
+            channel: self.command.channel.clone(),
+            sender_id: self.command.sender_id.clone(),
+            runtime: Some(self.shared.clone()),
+            sends: Some(self.sends.clone()),
+        }
+    }
+
+    /// Runs one tool call through the hooks, with its timeout; failures become error results.
+    async fn call_tool(&self, tools: &ToolSet, call: ToolCall) -> ToolOutcome {
+        let started = Instant::now();
+        let mut arguments = call.arguments.clone();
+        let before = self
+            .shared
+            .hooks
+            .run(HookPoint::BeforeToolCall, json!({ "sessionKey": self.command.session_key, "runId": self.run.id, "toolName": call.name, "toolCallId": call.id, "arguments": arguments }))
+            .await;
+        self.events
+            .tool(
+                "start",
+                &call.name,
+                &call.id,
+                json!({ "arguments": self.events.cap(&arguments.to_string()) }),
+            )
+            .await;
+        let result: Result<String, String> = if before.block {
+            Err(format!(
+                "blocked by a hook: {}",
+                before
+                    .reason
+                    .unwrap_or_else(|| "no reason given".to_owned())
+            ))
+        } else {
+            if let Some(rewritten) = before.arguments {
+                arguments = rewritten;
+            }
+            match tools.get(&call.name) {
+                None => Err(format!("unknown tool {:?}", call.name)),
+                Some(tool) => self.invoke(tool, &call, arguments.clone()).await,
+            }
+        };
+        let (content, is_error) = match result {
+            Ok(text) => (text, false),
+            Err(error) => (format!("error: {error}"), true),
+        };
+        let payload = json!({ "sessionKey": self.command.session_key, "runId": self.run.id, "toolName": call.name, "toolCallId": call.id, "arguments": arguments, "result": content, "isError": is_error });
+        self.shared
+            .hooks
+            .run(HookPoint::AfterToolCall, payload.clone())
+            .await;
+        let persist = self
+            .shared
+            .hooks
+            .run(HookPoint::ToolResultPersist, payload)
+            .await;
+        let stored = persist.content.unwrap_or_else(|| content.clone());
+        self.events
+            .tool("result", &call.name, &call.id, json!({ "result": self.events.cap(&content), "isError": is_error, "durationMs": started.elapsed().as_millis() as u64 }))
+            .await;
+        ToolOutcome {
+            call,
+            content,
+            is_error,
+            stored,
+        }
+    }
+
+    async fn invoke(
+        &self,
+        tool: &Arc<dyn Tool>,
+        call: &ToolCall,
+        arguments: serde_json::Value,
+    ) -> Result<String, String> {
+        let timeout = tool
+            .timeout()
+            .unwrap_or(Duration::from_millis(self.shared.settings.tool_timeout_ms));
+        let ctx = self.tool_context(&call.id);
+        match tokio::time::timeout(timeout, tool.call(&ctx, arguments)).await {
+            Ok(Ok(text)) => Ok(text),
+            Ok(Err(err)) => Err(err.0),
+            Err(_) => Err(format!(
+                "the tool did not answer within {} ms",
+                timeout.as_millis()
+            )),
+        }
+    }
+
+    /// Runs a batch: consecutive parallel-safe calls together, the others one at a time. Before
+    /// starting anything new it checks for steering; once steering is pending, calls not yet
+    /// started get a paired "skipped" result. Returns the outcomes in call order and the steering.
+    async fn run_batch(
+        &self,
+        tools: &ToolSet,
+        calls: Vec<ToolCall>,
+    ) -> Result<(Vec<ToolOutcome>, Vec<(i64, RunCommand)>), MemoryCallError> {
+        let mut outcomes: Vec<ToolOutcome> = Vec::with_capacity(calls.len());
+        let mut steering = Vec::new();
+        let parallel = |call: &ToolCall| tools.get(&call.name).is_some_and(|t| t.parallel_safe());
+        let mut i = 0;
+        while i < calls.len() {
+            if steering.is_empty() && self.signals.take_input_pending() {
+                steering = self.take_queued("steer").await?;
+            }
+            if !steering.is_empty() {
+                for call in &calls[i..] {
+                    self.events
+                        .tool(
+                            "result",
+                            &call.name,
+                            &call.id,
+                            json!({ "result": "skipped", "isError": true, "skipped": true }),
+                        )
+                        .await;
+                    outcomes.push(ToolOutcome {
+                        call: call.clone(),
+                        content: "skipped: the user sent a new message before this tool ran"
+                            .to_owned(),
+                        is_error: true,
+                        stored: "skipped: the user sent a new message before this tool ran"
+                            .to_owned(),
+                    });
+                }
+                break;
+            }
+            let mut end = i + 1;
+            if parallel(&calls[i]) {
+                while end < calls.len() && parallel(&calls[end]) {
+                    end += 1;
+                }
+            }
+            let group = calls[i..end]
+                .iter()
+                .cloned()
+                .map(|call| self.call_tool(tools, call));
+            outcomes.extend(join_all(group).await);
+            i = end;
+        }
+        Ok((outcomes, steering))
     }
 }
 
-/// Builds the context, writes the user entry, streams the model's answer, writes it.
-async fn converse(
-    shared: &Arc<Shared>,
-    session_id: &str,
-    epoch: i64,
-    run: &Run,
-    command: &RunCommand,
-    model_name: &str,
-    events: &mut RunEvents,
-) -> Result<Outcome, MemoryCallError> {
-    let model = match ModelRef::parse(model_name) {
+/// Builds the context, then turns model answers and tool batches until a final answer.
+async fn converse(ctx: &RunCtx<'_>, item: &InboxItem) -> Result<Outcome, MemoryCallError> {
+    let shared = ctx.shared;
+    let model = match ModelRef::parse(&ctx.model_name) {
         Ok(model) => model,
-        Err(err) => return Ok(failed("error", model_name, err.to_string())),
+        Err(err) => return Ok(Outcome::failed("error", &ctx.model_name, err.to_string())),
     };
+    // Collected messages queued behind this one are merged into the same turn.
+    let mut inputs = vec![(ctx.key("user"), ctx.command.text.clone())];
+    if item.kind == "collect" {
+        for (seq, command) in ctx.take_queued("collect").await? {
+            inputs.push((ctx.key(&format!("user:{seq}")), command.text));
+        }
+    }
+    let user_entries: Vec<Entry> = inputs
+        .iter()
+        .map(|(key, text)| ctx.user_entry(key.clone(), text))
+        .collect();
     let history_request = GetHistoryRequest {
-        session_id: session_id.to_owned(),
+        session_id: ctx.session_id.to_owned(),
         limit: shared.settings.history_limit,
     };
-    let user_entry = Entry {
-        key: format!("{}:user", run.id),
-        role: "user".to_owned(),
-        content: command.text.clone(),
-        run_id: run.id.clone(),
-        ..Default::default()
-    };
     let memory = shared.memory.clone();
-    // History and the user entry are independent round trips; doing them together saves one.
+    // History and the input entries are independent round trips; doing them together saves one.
     let (history, appended) = tokio::join!(
         with_retry("get_history", || {
             let mut memory = memory.clone();
             let request = history_request.clone();
             async move { memory.get_history(request).await }
         }),
-        append(shared, session_id, epoch, vec![user_entry]),
+        ctx.append(user_entries),
     );
     let history = history?;
     appended?;
-    let mut messages = Vec::with_capacity(history.entries.len() + 1);
-    for entry in history.entries {
-        // A resumed run already wrote its own user entry; it is added once, below.
-        if entry.run_id == run.id {
-            continue;
-        }
-        match entry.role.as_str() {
-            "user" => messages.push(ChatMessage::user(entry.content)),
-            "assistant" => messages.push(ChatMessage::assistant(entry.content)),
-            _ => {}
+    let mut messages = prompt::conversation(&history.entries, &ctx.run.id);
+    for (key, text) in &inputs {
+        if !history.entries.iter().any(|e| &e.key == key) {
+            messages.push(ChatMessage::user(text.clone()));
         }
     }
-    messages.push(ChatMessage::user(command.text.clone()));
-    let request = ChatRequest {
-        model,
-        system: Some(shared.settings.system_prompt.clone()),
-        messages,
-        tools: Vec::new(),
-        max_tokens: None,
-    };
-    let Ok(_permit) = shared.model_slots.acquire().await else {
-        return Ok(failed(
-            "aborted",
-            model_name,
-            "the runner is shutting down".to_owned(),
-        ));
-    };
-    let mut text = String::new();
-    let mut usage = Usage::default();
-    let mut stream = match shared.models.stream(&request).await {
-        Ok(stream) => stream,
-        Err(err) => {
-            return Ok(failed(
-                "error",
-                model_name,
-                agentloop_bus::error_chain(&err),
-            ));
+    // A resumed run continues after its last persisted step.
+    let mut turn: u32 = history
+        .entries
+        .iter()
+        .filter(|e| e.run_id == ctx.run.id && e.role == "assistant")
+        .count() as u32;
+    ctx.turns.store(turn, std::sync::atomic::Ordering::SeqCst);
+
+    let known: Vec<Arc<dyn Tool>> = shared
+        .local_tools
+        .iter()
+        .cloned()
+        .chain(shared.remote_tools.tools())
+        .collect();
+    let tools = ToolSet::build(known, &ctx.agent.tools_allow, &ctx.agent.tools_deny);
+    let specs = tools.specs();
+
+    if let Some(last) = history
+        .entries
+        .iter()
+        .rev()
+        .find(|e| e.run_id == ctx.run.id && e.role == "assistant")
+    {
+        let answered: Vec<&str> = history
+            .entries
+            .iter()
+            .filter(|e| e.role == "tool")
+            .map(|e| e.tool_call_id.as_str())
+            .collect();
+        let missing: Vec<ToolCall> = prompt::tool_calls_of(last)
+            .into_iter()
+            .filter(|c| !answered.contains(&c.id.as_str()))
+            .collect();
+        if !missing.is_empty() {
+            tracing::info!(
+                calls = missing.len(),
+                "resuming: running the tool calls the previous attempt did not finish"
+            );
+            let (outcomes, steering) = ctx.run_batch(&tools, missing).await?;
+            persist_batch(ctx, turn, &outcomes, &steering, &mut messages).await?;
         }
+    }
+
+    let start = shared
+        .hooks
+        .run(HookPoint::BeforeAgentStart, json!({ "sessionKey": ctx.command.session_key, "runId": ctx.run.id, "agentId": ctx.command.agent_id, "text": ctx.command.text }))
+        .await;
+    shared
+        .hooks
+        .run(HookPoint::MessageReceived, json!({ "sessionKey": ctx.command.session_key, "runId": ctx.run.id, "channel": ctx.command.channel, "senderId": ctx.command.sender_id, "text": ctx.command.text }))
+        .await;
+    let instructions = if ctx.agent.instructions.is_empty() {
+        shared.settings.system_prompt.as_str()
+    } else {
+        ctx.agent.instructions.as_str()
     };
+    let system = start.system_prompt.unwrap_or_else(|| {
+        prompt::system_prompt(&prompt::PromptParts {
+            agent_id: if ctx.command.agent_id.is_empty() {
+                "main"
+            } else {
+                &ctx.command.agent_id
+            },
+            identity: &ctx.agent.identity,
+            instructions,
+            tools: &specs,
+            session_key: &ctx.command.session_key,
+            channel: &ctx.command.channel,
+            extra_context: start.context.as_deref(),
+        })
+    });
+    let budget = ctx
+        .agent
+        .context_window_tokens
+        .saturating_sub(ctx.agent.reserve_tokens)
+        .max(1);
+    let max_turns = if ctx.agent.max_turns > 0 {
+        ctx.agent.max_turns
+    } else {
+        shared.settings.max_turns
+    };
+    let mut last_text = String::new();
+    loop {
+        if turn >= max_turns {
+            let usage = ctx.usage.lock().map(|u| *u).unwrap_or_default();
+            let text = if last_text.trim().is_empty() {
+                format!("I stopped after {max_turns} model turns without reaching an answer.")
+            } else {
+                last_text
+            };
+            return Ok(Outcome {
+                status: "max_turns",
+                text,
+                error: format!("the turn budget of {max_turns} was used up"),
+                model: ctx.model_name.clone(),
+                usage,
+                turns: turn,
+            });
+        }
+        turn += 1;
+        ctx.turns.store(turn, std::sync::atomic::Ordering::SeqCst);
+        prompt::fit(&mut messages, &system, &specs, budget);
+        let request = ChatRequest {
+            model: model.clone(),
+            system: Some(system.clone()),
+            messages: messages.clone(),
+            tools: specs.clone(),
+            max_tokens: None,
+        };
+        let (text, calls) = match model_turn(ctx, &request).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                return Ok(Outcome {
+                    turns: turn,
+                    ..Outcome::failed("error", &ctx.model_name, error)
+                });
+            }
+        };
+        if !text.is_empty() {
+            last_text = text.clone();
+        }
+        let assistant = Entry {
+            key: ctx.key(&format!("t{turn}:a")),
+            role: "assistant".to_owned(),
+            content: text.clone(),
+            run_id: ctx.run.id.clone(),
+            data: if calls.is_empty() {
+                String::new()
+            } else {
+                json!({ "toolCalls": calls }).to_string()
+            },
+            ..Default::default()
+        };
+        messages.push(ChatMessage::Assistant {
+            content: text.clone(),
+            tool_calls: calls.clone(),
+        });
+        if calls.is_empty() {
+            // A safe point: steering that arrived during the answer continues the run.
+            let steering = if ctx.signals.take_input_pending() {
+                ctx.take_queued("steer").await?
+            } else {
+                Vec::new()
+            };
+            if steering.is_empty() {
+                ctx.append(vec![assistant]).await?;
+                let usage = ctx.usage.lock().map(|u| *u).unwrap_or_default();
+                return Ok(Outcome {
+                    status: "completed",
+                    text,
+                    error: String::new(),
+                    model: ctx.model_name.clone(),
+                    usage,
+                    turns: turn,
+                });
+            }
+            let mut entries = vec![assistant];
+            for (seq, command) in &steering {
+                entries.push(ctx.user_entry(ctx.key(&format!("s:{seq}")), &command.text));
+                messages.push(ChatMessage::user(command.text.clone()));
+            }
+            ctx.append(entries).await?;
+            continue;
+        }
+        // The calls are persisted before they run, so a crash resumes them instead of asking again.
+        ctx.append(vec![assistant]).await?;
+        if let Ok(mut open) = ctx.open_calls.lock() {
+            *open = calls.iter().map(|c| (turn, c.clone())).collect();
+        }
+        let (outcomes, mut steering) = ctx.run_batch(&tools, calls).await?;
+        // After the batch is a safe point too.
+        if steering.is_empty() {
+            steering = ctx.take_queued("steer").await?;
+        }
+        persist_batch(ctx, turn, &outcomes, &steering, &mut messages).await?;
+    }
+}
+
+/// Stores a batch's results (and steering taken during it), then adds them to the context.
+async fn persist_batch(
+    ctx: &RunCtx<'_>,
+    turn: u32,
+    outcomes: &[ToolOutcome],
+    steering: &[(i64, RunCommand)],
+    messages: &mut Vec<ChatMessage>,
+) -> Result<(), MemoryCallError> {
+    let mut entries = Vec::with_capacity(outcomes.len() + steering.len());
+    for outcome in outcomes {
+        entries.push(Entry {
+            key: ctx.key(&format!("t{turn}:r:{}", outcome.call.id)),
+            role: "tool".to_owned(),
+            content: outcome.stored.clone(),
+            run_id: ctx.run.id.clone(),
+            tool_call_id: outcome.call.id.clone(),
+            tool_name: outcome.call.name.clone(),
+            data: json!({ "isError": outcome.is_error }).to_string(),
+            ..Default::default()
+        });
+        messages.push(ChatMessage::tool_result(
+            outcome.call.id.clone(),
+            outcome.content.clone(),
+            outcome.is_error,
+        ));
+    }
+    for (seq, command) in steering {
+        entries.push(ctx.user_entry(ctx.key(&format!("s:{seq}")), &command.text));
+        messages.push(ChatMessage::user(command.text.clone()));
+    }
+    ctx.append(entries).await?;
+    if let Ok(mut open) = ctx.open_calls.lock() {
+        open.clear();
+    }
+    Ok(())
+}
+
+/// One streamed model call: emits deltas, returns the text and the tool calls.
+async fn model_turn(
+    ctx: &RunCtx<'_>,
+    request: &ChatRequest,
+) -> Result<(String, Vec<ToolCall>), String> {
+    let Ok(_permit) = ctx.shared.model_slots.acquire().await else {
+        return Err("the runner is shutting down".to_owned());
+    };
+    let mut stream = ctx
+        .shared
+        .models
+        .stream(request)
+        .await
+        .map_err(|e| agentloop_bus::error_chain(&e))?;
+    let mut text = String::new();
+    let mut calls = Vec::new();
     while let Some(event) = stream.next().await {
         match event {
             Ok(StreamEvent::TextDelta(delta)) => {
-                events.delta(&delta).await;
+                ctx.events.delta(&delta).await;
                 text.push_str(&delta);
             }
-            Ok(StreamEvent::ToolCall(call)) => {
-                tracing::warn!(tool = %call.name, "model asked for a tool, but this agent has none");
+            Ok(StreamEvent::ToolCall(call)) => calls.push(call),
+            Ok(StreamEvent::Done { usage, .. }) => {
+                if let Ok(mut total) = ctx.usage.lock() {
+                    total.input_tokens += usage.input_tokens;
+                    total.output_tokens += usage.output_tokens;
+                }
             }
-            Ok(StreamEvent::Done { usage: u, .. }) => usage = u,
-            Err(err) => {
-                return Ok(failed(
-                    "error",
-                    model_name,
-                    agentloop_bus::error_chain(&err),
-                ));
-            }
+            Err(err) => return Err(agentloop_bus::error_chain(&err)),
         }
     }
-    let assistant_entry = Entry {
-        key: format!("{}:assistant", run.id),
-        role: "assistant".to_owned(),
-        content: text.clone(),
-        run_id: run.id.clone(),
-        ..Default::default()
-    };
-    append(shared, session_id, epoch, vec![assistant_entry]).await?;
-    Ok(Outcome {
-        status: "completed",
-        text,
-        error: String::new(),
-        model: model_name.to_owned(),
-        usage,
-    })
-}
-
-async fn append(
-    shared: &Arc<Shared>,
-    session_id: &str,
-    epoch: i64,
-    entries: Vec<Entry>,
-) -> Result<(), MemoryCallError> {
-    let request = AppendEntriesRequest {
-        session_id: session_id.to_owned(),
-        epoch,
-        entries,
-    };
-    let memory = shared.memory.clone();
-    with_retry("append_entries", || {
-        let mut memory = memory.clone();
-        let request = request.clone();
-        async move { memory.append_entries(request).await }
-    })
-    .await
-    .map(|_| ())
-}
-
-/// Publishes the final reply (or the error reply) before the run is marked finished, so a crash
-/// in between re-runs into the same message id and the stream drops the duplicate.
-async fn reply(
-    shared: &Arc<Shared>,
-    session_id: &str,
-    run: &Run,
-    command: &RunCommand,
-    outcome: &Outcome,
-) {
-    let text = if outcome.status == "completed" {
-        outcome.text.clone()
-    } else {
-        format!("Sorry, I could not answer: {}", outcome.error)
-    };
-    let message = OutboundMessage {
-        run_id: run.id.clone(),
-        session_key: command.session_key.clone(),
-        channel: command.channel.clone(),
-        recipient: command.sender_id.clone(),
-        text,
-        r#final: true,
-        reply_to_id: command.message_id.clone(),
-        session_id: session_id.to_owned(),
-        error: if outcome.status == "completed" {
-            String::new()
-        } else {
-            format!("{}: {}", outcome.status, outcome.error)
-        },
-        reply_subject: command.reply_subject.clone(),
-        reply_encoding: command.reply_encoding.clone(),
-        metadata: command.metadata.clone(),
-        ts: Some(agentloop_proto::now()),
-    };
-    let subject = shared.bus.subjects().outbound(&command.channel);
-    let msg_id = format!("{}:final", run.id);
-    let mut delay = Duration::from_millis(100);
-    for attempt in 1..=8 {
-        match shared
-            .bus
-            .publish_durable(subject.clone(), &message, Some(&msg_id))
-            .await
-        {
-            Ok(()) => return,
-            Err(err) => {
-                tracing::warn!(error = %agentloop_bus::error_chain(&err), attempt, "failed to publish the reply, retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-        }
-    }
-    tracing::error!("gave up publishing the reply");
+    Ok((text, calls))
 }
 
 async fn finish(

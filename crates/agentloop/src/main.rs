@@ -1,10 +1,14 @@
 //! `agentloop <gateway|router|runner|memory|delivery|all> [--config PATH]`
 
 mod all;
+mod chat;
+mod send;
 
 use anyhow::{Context as _, bail};
 
 const USAGE: &str = "usage: agentloop <gateway|router|runner|memory|delivery|all> [--config PATH]
+       agentloop send SESSION TEXT [--url URL] [--token TOKEN]   (prints the final reply)
+       agentloop chat SESSION [--url URL] [--token TOKEN]        (interactive, streams replies)
 
 Starts one agentloop service, or every service in one process (all).
 Configuration: --config PATH or AGENTLOOP_CONFIG (TOML), overridden by AGENTLOOP_<SECTION>__<KEY>,
@@ -37,6 +41,12 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let command = command.unwrap_or_default();
+    let args: Vec<String> = std::env::args().collect();
+    match command.as_str() {
+        "chat" => return chat::run(&args).await,
+        "send" => return send::run(&args).await,
+        _ => {}
+    }
     let telemetry: TelemetrySection =
         agentloop_lifecycle::load_config().context("failed to load config")?;
     let service = format!("agentloop-{command}");

@@ -166,6 +166,10 @@ pub(crate) fn is_no_reply(text: &str) -> bool {
 
 async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
     let silent = outbound.error.is_empty() && is_no_reply(&outbound.text);
+    // Said already by the messaging tool, or stopped by a message_sending hook: the caller of
+    // a request/reply still gets its answer, the channel gets nothing more.
+    let handled = outbound.metadata.contains_key("deliveredByTool")
+        || outbound.metadata.contains_key("suppressed");
     // A request/reply caller always gets an answer, even an empty one, so it never hangs.
     if outbound.r#final && !outbound.reply_subject.is_empty() {
         let mut answer = outbound.clone();
@@ -181,9 +185,9 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
             .await
             .map_err(|e| error_chain(&e))?;
     }
-    if silent {
+    if silent || handled {
         ctx.suppressed.inc();
-        tracing::debug!("NO_REPLY, nothing delivered");
+        tracing::debug!(silent, handled, "nothing delivered to the channel");
         return Ok(());
     }
     // Channel adapters: cli and nats publish on the bus; chat-app adapters come later and fall

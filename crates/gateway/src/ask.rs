@@ -13,19 +13,15 @@ use agentloop_proto::{
     v1::{InboundMessage, OutboundMessage},
 };
 
-use crate::{GatewayConfig, GatewayError};
-
-const SERVICE: &str = "gateway";
+use crate::{GatewayConfig, GatewayError, SERVICE};
 
 pub(crate) async fn serve(
+    bus: Bus,
     config: GatewayConfig,
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
     let ready = health.component(SERVICE);
-    let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
-        return Ok(());
-    };
     let subject = bus.subjects().ask();
     let mut requests = bus
         .client()

@@ -1,4 +1,4 @@
-//! Gateway settings: `[bus]` and `[gateway]`.
+//! Gateway settings: `[bus]`, `[memory]` (url), `[models]` (allowlist) and `[gateway]`.
 
 use agentloop_bus::BusConfig;
 
@@ -8,8 +8,47 @@ use agentloop_bus::BusConfig;
 pub struct GatewayConfig {
     /// NATS connection and stream layout.
     pub bus: BusConfig,
+    /// Where the memory service is.
+    pub memory: MemoryEndpoint,
+    /// The models sessions may be switched to.
+    pub models: ModelPolicy,
     /// Gateway-only settings.
     pub gateway: GatewaySettings,
+}
+
+/// The part of `[memory]` the gateway reads.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct MemoryEndpoint {
+    /// gRPC URL of the memory service.
+    pub url: String,
+}
+
+impl Default for MemoryEndpoint {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:50051".to_owned(),
+        }
+    }
+}
+
+/// The part of `[models]` the gateway checks `sessions.patch` against.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct ModelPolicy {
+    /// The global default `provider/model`, always allowed.
+    pub default_model: String,
+    /// When not empty, the only models a session may use.
+    pub allowlist: Vec<String>,
+}
+
+impl ModelPolicy {
+    /// Returns whether a session may be switched to `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        self.allowlist.is_empty()
+            || model == self.default_model
+            || self.allowlist.iter().any(|m| m == model)
+    }
 }
 
 /// `[gateway]`
@@ -22,6 +61,21 @@ pub struct GatewaySettings {
     pub ask_timeout_ms: u64,
     /// Queue group shared by gateway replicas answering `agentloop.ask`.
     pub ask_queue_group: String,
+    /// Tokens accepted by `/ws` `connect` and `Authorization: Bearer`; empty means only
+    /// loopback clients are served.
+    pub tokens: Vec<String>,
+    /// How long a client waits for a run's end when it names no timeout.
+    pub run_timeout_ms: u64,
+    /// How long a repeated idempotency key returns the first answer.
+    pub dispatch_ttl_ms: u64,
+    /// Largest WebSocket frame (and HTTP body) accepted, in bytes.
+    pub max_frame_bytes: usize,
+    /// Requests per second one WebSocket connection may make, on average.
+    pub rate_limit_per_sec: u32,
+    /// Requests one WebSocket connection may make in a burst.
+    pub rate_limit_burst: u32,
+    /// Agents listed by `GET /v1/models` (`main` is `agentloop`, others `agentloop/<id>`).
+    pub agents: Vec<String>,
 }
 
 impl Default for GatewaySettings {
@@ -30,6 +84,31 @@ impl Default for GatewaySettings {
             listen: "127.0.0.1:8080".to_owned(),
             ask_timeout_ms: 120_000,
             ask_queue_group: "agentloop-gateway".to_owned(),
+            tokens: Vec::new(),
+            run_timeout_ms: 600_000,
+            dispatch_ttl_ms: 24 * 3600 * 1000,
+            max_frame_bytes: 512 * 1024,
+            rate_limit_per_sec: 20,
+            rate_limit_burst: 40,
+            agents: vec!["main".to_owned()],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_allowlist_allows_any_model_and_a_set_one_only_its_members() {
+        let mut policy = ModelPolicy {
+            default_model: "openai/a".into(),
+            allowlist: Vec::new(),
+        };
+        assert!(policy.allows("anthropic/b"));
+        policy.allowlist = vec!["openai/c".into()];
+        assert!(policy.allows("openai/a"));
+        assert!(policy.allows("openai/c"));
+        assert!(!policy.allows("anthropic/b"));
     }
 }

@@ -1,48 +1,38 @@
-//! Gateway: the front door. Serves HTTP (`/healthz`, `/readyz`, `/metrics`) and answers
-//! `<prefix>.ask` requests: an InboundMessage in, published on `<prefix>.inbound.<channel>`, and
-//! the final OutboundMessage back to the caller once delivery hands it over.
+//! Gateway: the front door. Owns the client protocols: the WebSocket RPC on `/ws`, the
+//! OpenAI-compatible `/v1/chat/completions` and `/v1/models`, the web chat page on `/`, and the
+//! `<prefix>.ask` request/reply responder. Consumes client frames; produces InboundMessages on
+//! `<prefix>.inbound.<channel>` and streams each run's SystemEvents and final reply back to the
+//! client that sent it. Idempotency records live in memory, so every replica sees them.
 
 mod ask;
 mod config;
+mod dispatch;
+mod error;
+mod http;
+mod methods;
+mod openai;
+mod ws;
 
-pub use config::{GatewayConfig, GatewaySettings};
+pub use config::{GatewayConfig, GatewaySettings, MemoryEndpoint, ModelPolicy};
+pub use error::{GatewayError, RequestError};
 
 use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 
+use agentloop_bus::Bus;
 use agentloop_lifecycle::Health;
 use tokio_util::sync::CancellationToken;
 
-/// What stops the gateway.
-#[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
-    /// The bus could not be set up.
-    #[error("bus setup failed")]
-    Bus(#[from] agentloop_bus::BusError),
-    /// The HTTP address could not be bound.
-    #[error("failed to bind {addr}")]
-    Bind {
-        /// The address configured.
-        addr: String,
-        /// The bind error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The `ask` subject could not be subscribed.
-    #[error("failed to subscribe to {subject}")]
-    Subscribe {
-        /// The subject.
-        subject: String,
-        /// The client's error.
-        #[source]
-        source: async_nats::SubscribeError,
-    },
-}
+use crate::dispatch::Sessions;
+
+const SERVICE: &str = "gateway";
 
 /// A gateway whose HTTP listener is bound.
 pub struct Gateway {
     listener: tokio::net::TcpListener,
     config: GatewayConfig,
     health: Health,
+    sessions: Sessions,
 }
 
 impl Gateway {
@@ -50,8 +40,11 @@ impl Gateway {
     /// process in `agentloop all`).
     ///
     /// # Errors
-    /// [`GatewayError::Bind`].
+    /// [`GatewayError::Bind`], or [`GatewayError::MemoryUrl`] for a malformed `[memory] url`.
     pub async fn bind(config: GatewayConfig, health: Health) -> Result<Self, GatewayError> {
+        let url = config.memory.url.clone();
+        let channel = agentloop_telemetry::traced_channel(&url)
+            .map_err(|source| GatewayError::MemoryUrl { url, source })?;
         let addr = config.gateway.listen.clone();
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
@@ -60,6 +53,7 @@ impl Gateway {
             listener,
             config,
             health,
+            sessions: Sessions::new(channel),
         })
     }
 
@@ -71,7 +65,7 @@ impl Gateway {
         self.listener.local_addr()
     }
 
-    /// Serves HTTP and `ask` until `shutdown`.
+    /// Serves HTTP, WebSocket and `ask` until `shutdown`.
     ///
     /// # Errors
     /// Startup failures of the bus side.
@@ -80,21 +74,43 @@ impl Gateway {
             listener,
             config,
             health,
+            sessions,
         } = self;
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "gateway listening");
+            tracing::info!(%addr, "gateway listening (/, /ws, /v1/chat/completions)");
         }
-        let app = agentloop_lifecycle::admin_routes(health.clone());
+        let bus_cell: Arc<OnceLock<Bus>> = Arc::new(OnceLock::new());
+        let state = http::AppState {
+            bus: bus_cell.clone(),
+            sessions,
+            config: Arc::new(config.clone()),
+            shutdown: shutdown.clone(),
+        };
+        let app = agentloop_lifecycle::admin_routes(health.clone()).merge(http::routes(state));
         let http_shutdown = shutdown.clone();
         let http = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { http_shutdown.cancelled().await })
-                .await;
+            let served = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move { http_shutdown.cancelled().await })
+            .await;
             if let Err(err) = served {
                 tracing::error!(error = %err, "gateway http server failed");
             }
         });
-        let result = ask::serve(config, health, shutdown).await;
+        let result = async {
+            let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
+                return Ok(());
+            };
+            let _ = bus_cell.set(bus.clone());
+            ask::serve(bus, config, health, shutdown.clone()).await
+        }
+        .await;
+        if result.is_err() {
+            // Without a bus the HTTP side cannot serve clients either.
+            shutdown.cancel();
+        }
         let _ = http.await;
         result
     }

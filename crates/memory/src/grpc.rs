@@ -1,6 +1,8 @@
 //! The SessionService gRPC adapter: validates requests, calls the [`Store`] and maps
 //! [`MemoryError`]s onto a deliberately small set of status codes.
 
+mod gateway;
+
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -411,6 +413,82 @@ impl SessionService for SessionApi {
     ) -> Result<Response<pb::ListClaimableResponse>, Status> {
         let result = SessionApi::list_claimable(self, request.into_inner()).await;
         self.reply("ListClaimable", result)
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let result = self.list_sessions_rpc(request.into_inner()).await;
+        self.reply("ListSessions", result)
+    }
+
+    async fn reset_session(
+        &self,
+        request: Request<pb::ResetSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let result = self.reset_session_rpc(request.into_inner()).await;
+        self.reply("ResetSession", result)
+    }
+
+    async fn patch_session(
+        &self,
+        request: Request<pb::PatchSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let result = self.patch_session_rpc(request.into_inner()).await;
+        self.reply("PatchSession", result)
+    }
+
+    async fn begin_dispatch(
+        &self,
+        request: Request<pb::BeginDispatchRequest>,
+    ) -> Result<Response<pb::Dispatch>, Status> {
+        let result = self.begin_dispatch_rpc(request.into_inner()).await;
+        self.reply("BeginDispatch", result)
+    }
+
+    async fn get_dispatch(
+        &self,
+        request: Request<pb::GetDispatchRequest>,
+    ) -> Result<Response<pb::Dispatch>, Status> {
+        let result = self.get_dispatch_rpc(request.into_inner()).await;
+        self.reply("GetDispatch", result)
+    }
+
+    async fn complete_dispatch(
+        &self,
+        request: Request<pb::CompleteDispatchRequest>,
+    ) -> Result<Response<pb::Dispatch>, Status> {
+        let result = self.complete_dispatch_rpc(request.into_inner()).await;
+        self.reply("CompleteDispatch", result)
+    }
+
+    async fn take_queued(
+        &self,
+        request: Request<pb::TakeQueuedRequest>,
+    ) -> Result<Response<pb::TakeQueuedResponse>, Status> {
+        let req = request.into_inner();
+        let result = async {
+            let session_id = parse_id("session_id", &req.session_id)?;
+            let run_id = parse_id("run_id", &req.run_id)?;
+            let items = self
+                .store()?
+                .take_queued(session_id, req.epoch, run_id, &req.kinds)
+                .await?;
+            Ok(pb::TakeQueuedResponse {
+                items: items
+                    .into_iter()
+                    .map(|item| pb::InboxItem {
+                        seq: item.seq,
+                        idempotency_key: item.idempotency_key,
+                        kind: item.kind,
+                        payload: item.payload,
+                    })
+                    .collect(),
+            })
+        }
+        .await;
+        self.reply("TakeQueued", result)
     }
 }
 

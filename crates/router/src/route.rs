@@ -14,7 +14,8 @@ use tracing::Instrument as _;
 use agentloop_bus::{Bus, StreamKind, error_chain};
 use agentloop_lifecycle::{Counter, Health};
 use agentloop_proto::v1::{
-    InboundMessage, ResolveSessionRequest, RunCommand, session_service_client::SessionServiceClient,
+    ControlMessage, InboundMessage, OutboundMessage, ResolveSessionRequest, RunCommand,
+    session_service_client::SessionServiceClient,
 };
 use agentloop_telemetry::TracedChannel;
 
@@ -227,6 +228,9 @@ async fn publish_run(
     } else {
         inbound.idempotency_key.clone()
     };
+    if inbound.text.trim() == "/stop" {
+        return stop(ctx, &session.id, inbound).await;
+    }
     let model = resolve_model(&ctx.config, &session.model_override);
     let command = RunCommand {
         session_id: session.id.clone(),
@@ -255,6 +259,43 @@ async fn publish_run(
     let msg_id = format!("{}:{}", session.id, idempotency_key);
     ctx.bus
         .publish_durable(ctx.bus.subjects().run(&session.id), &command, Some(&msg_id))
+        .await
+        .map_err(|e| error_chain(&e))
+}
+
+/// `/stop`: aborts the session's live run (its owner answers it with "Stopped.") and confirms.
+async fn stop(ctx: &mut Ctx, session_id: &str, inbound: InboundMessage) -> Result<(), String> {
+    let abort = ControlMessage {
+        session_id: session_id.to_owned(),
+        action: "abort".to_owned(),
+        reason: "/stop".to_owned(),
+    };
+    ctx.bus
+        .publish_fast(
+            ctx.bus.subjects().control(session_id),
+            &abort,
+            agentloop_proto::Encoding::Proto,
+        )
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let confirmation = OutboundMessage {
+        session_key: inbound.session_key,
+        session_id: session_id.to_owned(),
+        channel: inbound.channel.clone(),
+        recipient: inbound.sender_id,
+        text: "Stopping the current run.".to_owned(),
+        r#final: true,
+        reply_subject: inbound.reply_subject,
+        reply_encoding: inbound.reply_encoding,
+        ts: Some(agentloop_proto::now()),
+        ..Default::default()
+    };
+    ctx.bus
+        .publish_durable(
+            ctx.bus.subjects().outbound(&inbound.channel),
+            &confirmation,
+            None,
+        )
         .await
         .map_err(|e| error_chain(&e))
 }

@@ -9,11 +9,18 @@ use agentloop_fake_model::{FakeModel, FakeModelConfig};
 use agentloop_proto::v1::{OutboundMessage, SystemEvent};
 use agentloop_testkit::{NatsServer, ServiceHandle, TestDatabase};
 
+/// Adjusts the runner's configuration before it starts.
+pub type RunnerTweak = Box<dyn FnOnce(&mut agentloop_agent_runner::RunnerConfig) + Send>;
+
 /// How to build a sandbox.
 #[derive(Default)]
 pub struct SandboxOptions {
     /// Points the runner at this OpenAI base URL instead of the fake model.
     pub model_url: Option<String>,
+    /// Changes to the runner's configuration (agents, hooks, budgets).
+    pub runner: Option<RunnerTweak>,
+    /// In-process tools and hooks for the runner.
+    pub extensions: agentloop_agent_runner::Extensions,
 }
 
 /// A running stack.
@@ -25,6 +32,10 @@ pub struct Sandbox {
     pub client: async_nats::Client,
     pub prefix: String,
     pub memory_url: String,
+    /// The gateway's HTTP/WebSocket address (changes on [`Sandbox::restart_gateway`]).
+    pub gateway_addr: std::net::SocketAddr,
+    gateway_config: agentloop_gateway::GatewayConfig,
+    gateway: Option<ServiceHandle<String>>,
     services: Vec<ServiceHandle<String>>,
 }
 
@@ -47,6 +58,14 @@ impl Sandbox {
     }
 
     pub async fn start_with(options: SandboxOptions) -> anyhow::Result<Self> {
+        Self::start_with_gateway_tokens(options, Vec::new()).await
+    }
+
+    /// Starts a sandbox whose gateway accepts `tokens` (none: loopback only).
+    pub async fn start_with_gateway_tokens(
+        options: SandboxOptions,
+        tokens: Vec<String>,
+    ) -> anyhow::Result<Self> {
         agentloop_telemetry::init_for_tests();
         let nats = NatsServer::start()?;
         let db = TestDatabase::create().await?;
@@ -88,8 +107,13 @@ impl Sandbox {
         runner.models.request_timeout_ms = 5_000;
         runner.runner.lease_ttl_ms = 3_000;
         runner.runner.sweep_interval_ms = 500;
+        runner.runner.max_turns = 8;
+        if let Some(tweak) = options.runner {
+            tweak(&mut runner);
+        }
+        let extensions = options.extensions.clone();
         services.push(handle("runner", move |t| {
-            agentloop_agent_runner::run(runner, t)
+            agentloop_agent_runner::run_with(runner, t, extensions)
         }));
 
         let delivery = agentloop_delivery::DeliveryConfig {
@@ -106,9 +130,10 @@ impl Sandbox {
         };
         gateway.gateway.listen = "127.0.0.1:0".to_owned();
         gateway.gateway.ask_timeout_ms = 20_000;
-        services.push(handle("gateway", move |t| {
-            agentloop_gateway::run(gateway, t)
-        }));
+        gateway.gateway.tokens = tokens;
+        gateway.memory.url = memory_url.clone();
+        gateway.models.default_model = "openai/fake-echo".to_owned();
+        let (gateway_handle, gateway_addr) = start_gateway(gateway.clone()).await?;
 
         let client = async_nats::connect(nats.url()).await?;
         let sandbox = Self {
@@ -118,6 +143,9 @@ impl Sandbox {
             client,
             prefix,
             memory_url,
+            gateway_addr,
+            gateway_config: gateway,
+            gateway: Some(gateway_handle),
             services,
         };
         sandbox.wait_ready().await?;
@@ -167,6 +195,17 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Stops the gateway and starts a fresh one (new port, nothing kept in its memory).
+    pub async fn restart_gateway(&mut self) -> anyhow::Result<()> {
+        if let Some(gateway) = self.gateway.take() {
+            gateway.shutdown().await?;
+        }
+        let (handle, addr) = start_gateway(self.gateway_config.clone()).await?;
+        self.gateway = Some(handle);
+        self.gateway_addr = addr;
+        Ok(())
+    }
+
     pub fn subject(&self, rest: &str) -> String {
         format!("{}.{}", self.prefix, rest)
     }
@@ -189,12 +228,24 @@ impl Sandbox {
 
     pub async fn shutdown(self) -> anyhow::Result<()> {
         // Stop in reverse start order so nothing is left waiting on a stopped dependency.
+        if let Some(gateway) = self.gateway {
+            gateway.shutdown().await?;
+        }
         for service in self.services.into_iter().rev() {
             service.shutdown().await?;
         }
         self.fake.shutdown().await;
         Ok(())
     }
+}
+
+async fn start_gateway(
+    config: agentloop_gateway::GatewayConfig,
+) -> anyhow::Result<(ServiceHandle<String>, std::net::SocketAddr)> {
+    let gateway =
+        agentloop_gateway::Gateway::bind(config, agentloop_lifecycle::Health::new()).await?;
+    let addr = gateway.local_addr()?;
+    Ok((handle("gateway", move |t| gateway.serve(t)), addr))
 }
 
 /// Collects SystemEvents from a subscription until a run's lifecycle end or error.

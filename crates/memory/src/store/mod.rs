@@ -3,7 +3,9 @@
 //! inside the statement that performs it.
 
 pub(crate) mod error;
+mod gateway;
 mod inbox;
+mod queued;
 mod sessions;
 mod transcript;
 
@@ -15,6 +17,7 @@ use uuid::Uuid;
 
 use crate::MemoryError;
 
+pub use gateway::{Dispatch, DispatchLookup, SessionInfo, SessionPatch};
 pub use inbox::{Enqueued, InboxItem, Taken};
 pub use sessions::Claim;
 

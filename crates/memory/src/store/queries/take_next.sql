@@ -11,7 +11,8 @@ WITH lease AS (
     FROM session_inbox AS i
     JOIN lease ON i.session_id = lease.id
     WHERE i.consumed_at IS NULL
-    ORDER BY i.seq
+    -- An interrupt jumps the queue: it exists to be answered next.
+    ORDER BY (i.kind = 'interrupt') DESC, i.seq
     LIMIT 1
 ), run AS (
     INSERT INTO runs AS r

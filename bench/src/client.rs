@@ -1,0 +1,438 @@
+//! The load client: publishes InboundMessages through JetStream, watches replies on
+//! `<prefix>.deliver.>` (and, when tracing, run events and run commands), checks each reply's
+//! text and counts duplicates.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use async_nats::{HeaderMap, jetstream};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use prost::Message as _;
+use tokio::sync::oneshot;
+
+use agentloop_proto::Encoding;
+use agentloop_proto::v1::{InboundMessage, OutboundMessage, RunCommand, SystemEvent};
+
+/// How long one message may take before it counts as lost.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Microseconds since the Unix epoch.
+pub fn wall_us() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_micros() as f64)
+}
+
+fn ts_us(seconds: i64, nanos: i32) -> f64 {
+    seconds as f64 * 1e6 + f64::from(nanos) / 1e3
+}
+
+/// Timestamps of one run, for the per-hop profile (µs since the epoch).
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    /// Bench: just before publishing.
+    pub sent: f64,
+    /// Bench: the router's RunCommand seen on `<prefix>.run.>`.
+    pub run_command_seen: Option<f64>,
+    /// Runner: lifecycle start event.
+    pub start_ev: Option<f64>,
+    /// Runner: first assistant delta.
+    pub first_delta_ev: Option<f64>,
+    /// Runner: last assistant delta.
+    pub last_delta_ev: Option<f64>,
+    /// Runner: lifecycle end event.
+    pub end_ev: Option<f64>,
+    /// Runner: `OutboundMessage.ts`.
+    pub outbound_ts: Option<f64>,
+    /// Bench: the reply seen on `<prefix>.deliver.>`.
+    pub delivered: f64,
+}
+
+/// The outcome of one message.
+#[derive(Debug)]
+pub struct Done {
+    /// Publish to final reply.
+    pub total: Duration,
+    /// Publish to the first assistant delta, when events were watched.
+    pub first_delta: Option<Duration>,
+    /// Whether the reply's text was the expected echo.
+    pub text_ok: bool,
+}
+
+struct Inflight {
+    tag: String,
+    expected: String,
+    sent: Instant,
+    sent_wall: f64,
+    first_delta: Option<Instant>,
+    done: Option<oneshot::Sender<Done>>,
+}
+
+#[derive(Default)]
+struct EventTimes {
+    start: Option<f64>,
+    first_delta: Option<f64>,
+    last_delta: Option<f64>,
+    end: Option<f64>,
+}
+
+#[derive(Default)]
+struct State {
+    /// session key -> its one message in flight (sessions send in turn).
+    inflight: Mutex<HashMap<String, Inflight>>,
+    /// tag -> replies seen.
+    replies: Mutex<HashMap<String, u32>>,
+    duplicates: AtomicU64,
+    unexpected: AtomicU64,
+    /// run id -> event times, while tracing.
+    events: Mutex<HashMap<String, EventTimes>>,
+    /// tag -> RunCommand seen, while tracing.
+    run_commands: Mutex<HashMap<String, f64>>,
+    /// tag -> (run id, trace), while tracing.
+    traces: Mutex<HashMap<String, (String, Trace)>>,
+    tracing: std::sync::atomic::AtomicBool,
+}
+
+/// Counters of one phase.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tally {
+    /// Replies seen more than once.
+    pub duplicates: u64,
+    /// Replies that matched no message in flight (wrong text, unknown session).
+    pub unexpected: u64,
+}
+
+/// The bench's NATS side.
+#[derive(Clone)]
+pub struct LoadClient {
+    nc: async_nats::Client,
+    js: jetstream::Context,
+    prefix: String,
+    state: Arc<State>,
+}
+
+/// Watches that exist only while tracing (events, run commands).
+pub struct TraceWatch {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for TraceWatch {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl LoadClient {
+    /// Connects and starts watching `<prefix>.deliver.>`.
+    ///
+    /// # Errors
+    /// When NATS cannot be reached.
+    pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
+        let nc = async_nats::ConnectOptions::new()
+            .name("agentloop-bench")
+            .subscription_capacity(1 << 17)
+            .connect(url)
+            .await
+            .context("bench failed to connect to nats")?;
+        let js = jetstream::new(nc.clone());
+        let client = Self {
+            nc,
+            js,
+            prefix: prefix.to_owned(),
+            state: Arc::new(State::default()),
+        };
+        let mut replies = client
+            .nc
+            .subscribe(format!("{prefix}.deliver.>"))
+            .await
+            .context("failed to subscribe to replies")?;
+        let state = client.state.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = replies.next().await {
+                on_reply(&state, &msg);
+            }
+        });
+        client.nc.flush().await.context("flush failed")?;
+        Ok(client)
+    }
+
+    /// Starts recording event and run-command timestamps (and first-delta latency).
+    ///
+    /// # Errors
+    /// When the subscriptions fail.
+    pub async fn watch(&self, trace: bool) -> anyhow::Result<TraceWatch> {
+        self.state.tracing.store(trace, Ordering::SeqCst);
+        let mut events = self
+            .nc
+            .subscribe(format!("{}.events.>", self.prefix))
+            .await?;
+        let state = self.state.clone();
+        let mut tasks = vec![tokio::spawn(async move {
+            while let Some(msg) = events.next().await {
+                on_event(&state, &msg);
+            }
+        })];
+        if trace {
+            let mut commands = self.nc.subscribe(format!("{}.run.>", self.prefix)).await?;
+            let state = self.state.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(msg) = commands.next().await {
+                    let seen = wall_us();
+                    if let Ok(command) = RunCommand::decode(msg.payload.as_ref())
+                        && let Ok(mut map) = state.run_commands.lock()
+                    {
+                        map.insert(command.idempotency_key, seen);
+                    }
+                }
+            }));
+        }
+        self.nc.flush().await?;
+        Ok(TraceWatch { tasks })
+    }
+
+    /// Stops tracing and returns the traces recorded, by tag.
+    pub fn take_traces(&self) -> Vec<(String, Trace)> {
+        self.state.tracing.store(false, Ordering::SeqCst);
+        let traces: Vec<(String, (String, Trace))> = self
+            .state
+            .traces
+            .lock()
+            .map(|mut t| t.drain().collect())
+            .unwrap_or_default();
+        let events = self
+            .state
+            .events
+            .lock()
+            .map(|mut e| std::mem::take(&mut *e))
+            .unwrap_or_default();
+        let commands = self
+            .state
+            .run_commands
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or_default();
+        traces
+            .into_iter()
+            .map(|(tag, (run_id, mut trace))| {
+                if let Some(ev) = events.get(&run_id) {
+                    trace.start_ev = ev.start;
+                    trace.first_delta_ev = ev.first_delta;
+                    trace.last_delta_ev = ev.last_delta;
+                    trace.end_ev = ev.end;
+                }
+                trace.run_command_seen = commands.get(&tag).copied();
+                (tag, trace)
+            })
+            .collect()
+    }
+
+    /// Returns and resets the duplicate/unexpected counters.
+    pub fn take_tally(&self) -> Tally {
+        Tally {
+            duplicates: self.state.duplicates.swap(0, Ordering::SeqCst),
+            unexpected: self.state.unexpected.swap(0, Ordering::SeqCst),
+        }
+    }
+
+    /// Sends one message for `session_key` and waits for its reply (bounded by a timeout).
+    ///
+    /// # Errors
+    /// On publish failure or when no reply came in time.
+    pub async fn send(&self, session_key: &str, tag: &str) -> anyhow::Result<Done> {
+        let text = format!("bench {tag}");
+        let (tx, rx) = oneshot::channel();
+        let sent = Instant::now();
+        let sent_wall = wall_us();
+        if let Ok(mut map) = self.state.inflight.lock() {
+            map.insert(
+                session_key.to_owned(),
+                Inflight {
+                    tag: tag.to_owned(),
+                    expected: format!("echo: {text}"),
+                    sent,
+                    sent_wall,
+                    first_delta: None,
+                    done: Some(tx),
+                },
+            );
+        }
+        let inbound = InboundMessage {
+            session_key: session_key.to_owned(),
+            channel: "cli".to_owned(),
+            sender_id: "bench".to_owned(),
+            text,
+            idempotency_key: tag.to_owned(),
+            ..Default::default()
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("Content-Type", Encoding::Proto.content_type());
+        let result = async {
+            let ack = self
+                .js
+                .publish_with_headers(
+                    format!("{}.inbound.cli", self.prefix),
+                    headers,
+                    Bytes::from(inbound.encode_to_vec()),
+                )
+                .await
+                .context("publish failed")?;
+            let (ack, done) =
+                tokio::time::timeout(REPLY_TIMEOUT, async { tokio::join!(ack.into_future(), rx) })
+                    .await
+                    .context("no reply in time")?;
+            ack.context("inbound not stored")?;
+            done.context("reply watcher gone")
+        }
+        .await;
+        if result.is_err()
+            && let Ok(mut map) = self.state.inflight.lock()
+        {
+            map.remove(session_key);
+        }
+        result
+    }
+
+    /// Sends one message through the gateway's `<prefix>.ask` request/reply and checks the text.
+    ///
+    /// # Errors
+    /// On request failure, timeout or a wrong answer.
+    pub async fn ask(&self, session_key: &str, tag: &str) -> anyhow::Result<Duration> {
+        let text = format!("bench {tag}");
+        let inbound = InboundMessage {
+            session_key: session_key.to_owned(),
+            channel: "cli".to_owned(),
+            text: text.clone(),
+            idempotency_key: tag.to_owned(),
+            ..Default::default()
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("Content-Type", Encoding::Proto.content_type());
+        let start = Instant::now();
+        let reply = tokio::time::timeout(
+            REPLY_TIMEOUT,
+            self.nc.request_with_headers(
+                format!("{}.ask", self.prefix),
+                headers,
+                Bytes::from(inbound.encode_to_vec()),
+            ),
+        )
+        .await
+        .context("ask timed out")?
+        .context("ask failed")?;
+        let elapsed = start.elapsed();
+        let outbound = OutboundMessage::decode(reply.payload.as_ref())
+            .context("ask reply is not an OutboundMessage")?;
+        anyhow::ensure!(
+            outbound.text == format!("echo: {text}"),
+            "ask answered {:?}",
+            outbound.text
+        );
+        Ok(elapsed)
+    }
+}
+
+fn on_reply(state: &State, msg: &async_nats::Message) {
+    let delivered_wall = wall_us();
+    let now = Instant::now();
+    let content_type = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Content-Type"))
+        .map(|v| v.as_str());
+    let Ok((outbound, _)) =
+        agentloop_proto::decode::<OutboundMessage>(content_type, msg.payload.as_ref())
+    else {
+        state.unexpected.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let tag = outbound
+        .text
+        .strip_prefix("echo: bench ")
+        .unwrap_or(&outbound.text)
+        .to_owned();
+    let seen = state
+        .replies
+        .lock()
+        .map(|mut r| {
+            let n = r.entry(tag.clone()).or_insert(0);
+            *n += 1;
+            *n
+        })
+        .unwrap_or(1);
+    if seen > 1 {
+        state.duplicates.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let Ok(mut inflight) = state.inflight.lock() else {
+        return;
+    };
+    let matches = inflight
+        .get(&outbound.session_key)
+        .is_some_and(|i| i.tag == tag);
+    if !matches {
+        state.unexpected.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let Some(mut entry) = inflight.remove(&outbound.session_key) else {
+        return;
+    };
+    drop(inflight);
+    if state.tracing.load(Ordering::Relaxed) {
+        let trace = Trace {
+            sent: entry.sent_wall,
+            outbound_ts: outbound.ts.as_ref().map(|t| ts_us(t.seconds, t.nanos)),
+            delivered: delivered_wall,
+            ..Default::default()
+        };
+        if let Ok(mut traces) = state.traces.lock() {
+            traces.insert(tag, (outbound.run_id.clone(), trace));
+        }
+    }
+    let done = Done {
+        total: now.duration_since(entry.sent),
+        first_delta: entry.first_delta.map(|t| t.duration_since(entry.sent)),
+        text_ok: outbound.text == entry.expected && outbound.error.is_empty(),
+    };
+    if let Some(tx) = entry.done.take() {
+        let _ = tx.send(done);
+    }
+}
+
+fn on_event(state: &State, msg: &async_nats::Message) {
+    let now = Instant::now();
+    let Ok(event) = SystemEvent::decode(msg.payload.as_ref()) else {
+        return;
+    };
+    let is_delta = event.stream == "assistant" && event.phase == "delta";
+    if is_delta
+        && let Ok(mut inflight) = state.inflight.lock()
+        && let Some(entry) = inflight.get_mut(&event.session_key)
+        && entry.first_delta.is_none()
+    {
+        entry.first_delta = Some(now);
+    }
+    if !state.tracing.load(Ordering::Relaxed) {
+        return;
+    }
+    let ts = event.ts.as_ref().map(|t| ts_us(t.seconds, t.nanos));
+    if let Ok(mut events) = state.events.lock() {
+        let times = events.entry(event.run_id.clone()).or_default();
+        match (event.stream.as_str(), event.phase.as_str()) {
+            ("lifecycle", "start") => times.start = ts,
+            ("lifecycle", "end" | "error") => times.end = ts,
+            ("assistant", "delta") => {
+                if times.first_delta.is_none() {
+                    times.first_delta = ts;
+                }
+                times.last_delta = ts;
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! The measured phases: closed-loop load at a given concurrency, with CPU accounting,
+//! reply checks and a persistence check in Postgres.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use sqlx::PgPool;
+
+use crate::client::{Done, LoadClient, Tally, Trace};
+use crate::procfs::{self, CpuSnapshot};
+use crate::stack::Stack;
+
+/// What one phase measured.
+#[derive(Debug, Default, Clone)]
+pub struct PhaseResult {
+    /// Phase tag (also the prefix of every idempotency key it sent).
+    pub name: String,
+    /// Sessions sending at once.
+    pub concurrency: usize,
+    /// Runner replicas.
+    pub runners: usize,
+    /// Messages sent.
+    pub sent: u64,
+    /// Replies received with the right text.
+    pub ok: u64,
+    /// Replies with a wrong text or an error.
+    pub wrong: u64,
+    /// Messages without a reply in time (or failed publishes).
+    pub lost: u64,
+    /// First publish to last reply.
+    pub elapsed: Duration,
+    /// Publish to final reply, per message.
+    pub totals: Vec<Duration>,
+    /// Publish to first assistant delta, per message (when events were watched).
+    pub first_deltas: Vec<Duration>,
+    /// Duplicates and strays seen by the reply watcher.
+    pub tally: Tally,
+    /// CPU ticks spent per process group.
+    pub cpu_ticks: BTreeMap<String, u64>,
+    /// Runs of this phase with status `completed` in the runs table.
+    pub persisted: Option<i64>,
+    /// Transcript entries of those runs.
+    pub transcript_entries: Option<i64>,
+}
+
+impl PhaseResult {
+    /// Completed runs per second.
+    pub fn rate(&self) -> f64 {
+        self.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// CPU-ms per completed run over the given groups.
+    pub fn cpu_ms_per_run(&self, groups: &[&str], tck: u64) -> f64 {
+        let ticks: u64 = groups
+            .iter()
+            .map(|g| self.cpu_ticks.get(*g).copied().unwrap_or(0))
+            .sum();
+        ticks as f64 * 1000.0 / tck as f64 / self.ok.max(1) as f64
+    }
+}
+
+/// Groups whose CPU counts as "the whole stack".
+pub const STACK_GROUPS: [&str; 7] = [
+    "gateway",
+    "router",
+    "runner",
+    "memory",
+    "delivery",
+    "nats-server",
+    "postgres",
+];
+
+/// Postgres processes working for the bench: the bench database's backends (but the bench's
+/// own), the shared background writers, and the postmaster.
+///
+/// # Errors
+/// When `pg_stat_activity` cannot be read.
+pub async fn postgres_pids(pool: &PgPool, db_name: &str) -> anyhow::Result<Vec<(u32, String)>> {
+    let pids: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity \
+         WHERE (datname = $1 AND pid <> pg_backend_pid()) \
+            OR backend_type IN ('checkpointer', 'background writer', 'walwriter', 'autovacuum launcher')",
+    )
+    .bind(db_name)
+    .fetch_all(pool)
+    .await
+    .context("failed to read pg_stat_activity")?;
+    let mut out: Vec<(u32, String)> = pids
+        .iter()
+        .filter_map(|p| u32::try_from(*p).ok())
+        .map(|p| (p, "postgres".to_owned()))
+        .collect();
+    if let Some(postmaster) = out.first().and_then(|(p, _)| procfs::parent_pid(*p)) {
+        out.push((postmaster, "postgres".to_owned()));
+    }
+    Ok(out)
+}
+
+fn all_pids(stack: &Stack, pg: &[(u32, String)]) -> Vec<(u32, String)> {
+    let mut pids = stack.pids();
+    pids.extend(pg.iter().cloned());
+    pids.push((std::process::id(), "bench".to_owned()));
+    pids
+}
+
+/// How a phase loads the stack.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Phase tag; must not contain `_` or `%` (used in a LIKE pattern).
+    pub name: String,
+    /// Distinct sessions.
+    pub sessions: usize,
+    /// Sessions sending at once (workers); each worker takes sessions in turn.
+    pub concurrency: usize,
+    /// Messages each session sends, one after the other.
+    pub per_session: usize,
+    /// No new message is sent after this.
+    pub max_duration: Duration,
+    /// Send through the gateway's `ask` instead of publishing inbound.
+    pub via_ask: bool,
+}
+
+/// Runs one closed-loop phase and measures it.
+///
+/// # Errors
+/// When the stack's bookkeeping (Postgres) fails; lost messages are counted, not errors.
+pub async fn run(
+    stack: &Stack,
+    client: &LoadClient,
+    pool: &PgPool,
+    load: &Load,
+    runners: usize,
+) -> anyhow::Result<PhaseResult> {
+    let _ = client.take_tally();
+    let pg_before = postgres_pids(pool, &stack.db_name).await?;
+    let cpu_before = CpuSnapshot::take(&all_pids(stack, &pg_before));
+    let start = Instant::now();
+    let deadline = start + load.max_duration;
+    let mut workers = Vec::with_capacity(load.concurrency);
+    for w in 0..load.concurrency {
+        let client = client.clone();
+        let load = load.clone();
+        workers.push(tokio::spawn(async move {
+            let mut done: Vec<anyhow::Result<Done>> = Vec::new();
+            let mut asked: Vec<anyhow::Result<Duration>> = Vec::new();
+            let mut session = w;
+            while session < load.sessions {
+                let key = format!("bench:{}:{session}", load.name);
+                for m in 0..load.per_session {
+                    if Instant::now() > deadline {
+                        return (done, asked);
+                    }
+                    let tag = format!("{}-{session}-{m}", load.name);
+                    if load.via_ask {
+                        asked.push(client.ask(&key, &tag).await);
+                    } else {
+                        done.push(client.send(&key, &tag).await);
+                    }
+                }
+                session += load.concurrency;
+            }
+            (done, asked)
+        }));
+    }
+    let mut result = PhaseResult {
+        name: load.name.clone(),
+        concurrency: load.concurrency,
+        runners,
+        ..Default::default()
+    };
+    for worker in workers {
+        let (done, asked) = worker.await.context("load worker panicked")?;
+        for outcome in done {
+            result.sent += 1;
+            match outcome {
+                Ok(d) if d.text_ok => {
+                    result.ok += 1;
+                    result.totals.push(d.total);
+                    if let Some(f) = d.first_delta {
+                        result.first_deltas.push(f);
+                    }
+                }
+                Ok(_) => result.wrong += 1,
+                Err(_) => result.lost += 1,
+            }
+        }
+        for outcome in asked {
+            result.sent += 1;
+            match outcome {
+                Ok(total) => {
+                    result.ok += 1;
+                    result.totals.push(total);
+                }
+                Err(err) if format!("{err:#}").contains("answered") => result.wrong += 1,
+                Err(_) => result.lost += 1,
+            }
+        }
+    }
+    result.elapsed = start.elapsed();
+    let pg_after = postgres_pids(pool, &stack.db_name).await?;
+    let mut pids = all_pids(stack, &pg_before);
+    pids.extend(pg_after);
+    let cpu_after = CpuSnapshot::take(&pids);
+    result.cpu_ticks = cpu_after.delta_since(&cpu_before);
+    // Runs are marked finished just after their reply is published: give the last ones a moment.
+    let pattern = format!("{}-%", load.name);
+    let settle = Instant::now() + Duration::from_secs(5);
+    loop {
+        let persisted: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM runs WHERE status = 'completed' AND idempotency_key LIKE $1",
+        )
+        .bind(&pattern)
+        .fetch_one(pool)
+        .await
+        .context("failed to count runs")?;
+        result.persisted = Some(persisted);
+        if persisted >= i64::try_from(result.ok).unwrap_or(i64::MAX) || Instant::now() > settle {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let entries: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM transcript_entries t JOIN runs r ON r.id = t.run_id \
+         WHERE r.idempotency_key LIKE $1",
+    )
+    .bind(&pattern)
+    .fetch_one(pool)
+    .await
+    .context("failed to count transcript entries")?;
+    result.transcript_entries = Some(entries);
+    // Late duplicates would show up within this pause.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    result.tally = client.take_tally();
+    Ok(result)
+}
+
+/// A run's timestamps joined from the bench's trace and the database (µs since the epoch).
+#[derive(Debug, Clone, Default)]
+pub struct HopRow {
+    /// From the bus.
+    pub trace: Trace,
+    /// `session_inbox.enqueued_at`
+    pub enqueued: Option<f64>,
+    /// `runs.started_at`
+    pub started: Option<f64>,
+    /// `runs.finished_at`
+    pub finished: Option<f64>,
+    /// The user transcript entry's `created_at`.
+    pub user_entry: Option<f64>,
+    /// The assistant transcript entry's `created_at`.
+    pub assistant_entry: Option<f64>,
+}
+
+type DbTimes = (
+    String,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+);
+
+/// Joins traces with the database timestamps of the same runs.
+///
+/// # Errors
+/// When the query fails.
+pub async fn hop_rows(
+    pool: &PgPool,
+    phase: &str,
+    traces: Vec<(String, Trace)>,
+) -> anyhow::Result<Vec<HopRow>> {
+    let rows: Vec<DbTimes> = sqlx::query_as(
+        "SELECT r.idempotency_key, \
+                extract(epoch FROM i.enqueued_at)::float8 * 1e6, \
+                extract(epoch FROM r.started_at)::float8 * 1e6, \
+                extract(epoch FROM r.finished_at)::float8 * 1e6, \
+                extract(epoch FROM tu.created_at)::float8 * 1e6, \
+                extract(epoch FROM ta.created_at)::float8 * 1e6 \
+         FROM runs r \
+         JOIN session_inbox i ON i.seq = r.inbox_seq \
+         LEFT JOIN transcript_entries tu ON tu.session_id = r.session_id AND tu.entry_key = r.id::text || ':user' \
+         LEFT JOIN transcript_entries ta ON ta.session_id = r.session_id AND ta.entry_key = r.id::text || ':assistant' \
+         WHERE r.idempotency_key LIKE $1",
+    )
+    .bind(format!("{phase}-%"))
+    .fetch_all(pool)
+    .await
+    .context("failed to read run timestamps")?;
+    let by_key: BTreeMap<String, DbTimes> = rows.into_iter().map(|r| (r.0.clone(), r)).collect();
+    Ok(traces
+        .into_iter()
+        .filter_map(|(tag, trace)| {
+            let (_, enqueued, started, finished, user_entry, assistant_entry) =
+                by_key.get(&tag)?.clone();
+            Some(HopRow {
+                trace,
+                enqueued,
+                started,
+                finished,
+                user_entry,
+                assistant_entry,
+            })
+        })
+        .collect())
+}

@@ -1,0 +1,110 @@
+//! Resident memory and CPU time of processes, read from `/proc` (Linux only).
+
+use std::collections::BTreeMap;
+
+/// One reading of a process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcSample {
+    /// `VmRSS` in KiB.
+    pub rss_kib: u64,
+}
+
+/// Reads `/proc/<pid>/status`; `None` when the process is gone.
+pub fn sample(pid: u32) -> Option<ProcSample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    Some(ProcSample { rss_kib })
+}
+
+/// `utime + stime` of a process in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields are counted after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Field 14 (utime) and 15 (stime) of proc(5); `rest` starts at field 3.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The parent pid of a process.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 on every common Linux).
+pub fn clock_ticks_per_sec() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or(100)
+}
+
+/// CPU ticks of a set of processes, grouped by a display name.
+#[derive(Debug, Clone, Default)]
+pub struct CpuSnapshot {
+    /// pid -> (group, ticks)
+    pub by_pid: BTreeMap<u32, (String, u64)>,
+}
+
+impl CpuSnapshot {
+    /// Reads the ticks of every `(pid, group)` given.
+    pub fn take(pids: &[(u32, String)]) -> Self {
+        let mut by_pid = BTreeMap::new();
+        for (pid, group) in pids {
+            if let Some(ticks) = cpu_ticks(*pid) {
+                by_pid.insert(*pid, (group.clone(), ticks));
+            }
+        }
+        Self { by_pid }
+    }
+
+    /// Ticks spent per group between `before` and `self`. A pid that appeared since `before`
+    /// counts from zero (a new Postgres backend); one that vanished is lost (rare, approximate).
+    pub fn delta_since(&self, before: &CpuSnapshot) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for (pid, (group, ticks)) in &self.by_pid {
+            let start = before.by_pid.get(pid).map_or(0, |(_, t)| *t);
+            *out.entry(group.clone()).or_insert(0) += ticks.saturating_sub(start);
+        }
+        out
+    }
+}
+
+/// Machine description for the results: cores, CPU model, memory.
+pub fn machine() -> (usize, String, String) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    let mem = std::process::Command::new("free")
+        .arg("-h")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Mem:"))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    (cores, model, mem)
+}

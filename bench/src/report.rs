@@ -1,0 +1,623 @@
+//! Percentiles, the per-hop profile and the markdown report (stdout and `bench/RESULTS.md`).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::phases::{HopRow, PhaseResult, STACK_GROUPS};
+
+/// Nearest-rank percentiles of a sample, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pct {
+    /// Sample size.
+    pub n: usize,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest value.
+    pub max: f64,
+}
+
+/// Percentiles of durations.
+pub fn pct(sample: &[Duration]) -> Pct {
+    pct_ms(
+        &sample
+            .iter()
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Percentiles of millisecond values.
+pub fn pct_ms(sample: &[f64]) -> Pct {
+    let mut v: Vec<f64> = sample.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return Pct::default();
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let rank = (q * v.len() as f64).ceil() as usize;
+        v[rank.clamp(1, v.len()) - 1]
+    };
+    Pct {
+        n: v.len(),
+        p50: at(0.50),
+        p90: at(0.90),
+        p99: at(0.99),
+        max: v[v.len() - 1],
+    }
+}
+
+type HopFn = fn(&HopRow) -> Option<f64>;
+
+fn diff(later: Option<f64>, earlier: Option<f64>) -> Option<f64> {
+    Some((later? - earlier?) / 1000.0)
+}
+
+/// The hops of one run, in path order: (name, what it covers, duration in ms).
+pub const HOPS: [(&str, &str, HopFn); 12] = [
+    (
+        "publish → RunCommand on RUNS",
+        "INBOUND store, router pull, ResolveSession (gRPC + SQL), RUNS publish + ack",
+        |r| diff(r.trace.run_command_seen, Some(r.trace.sent)),
+    ),
+    (
+        "RunCommand → inbox row",
+        "runner pull, decode, Enqueue gRPC up to the INSERT",
+        |r| diff(r.enqueued, r.trace.run_command_seen),
+    ),
+    (
+        "inbox row → run started",
+        "Enqueue commit + reply, double ack, ClaimSession, owner spawn, TakeNext",
+        |r| diff(r.started, r.enqueued),
+    ),
+    (
+        "run started → lifecycle start",
+        "TakeNext return, decode, start event",
+        |r| diff(r.trace.start_ev, r.started),
+    ),
+    (
+        "lifecycle start → first delta",
+        "GetHistory ‖ AppendEntries(user), model HTTP call to first chunk",
+        |r| diff(r.trace.first_delta_ev, r.trace.start_ev),
+    ),
+    (
+        "  (of which: start → user entry row)",
+        "AppendEntries(user) reaching Postgres",
+        |r| diff(r.user_entry, r.trace.start_ev),
+    ),
+    (
+        "first delta → last delta",
+        "streaming the answer (fake model, no delay)",
+        |r| diff(r.trace.last_delta_ev, r.trace.first_delta_ev),
+    ),
+    (
+        "last delta → assistant entry row",
+        "end of stream, AppendEntries(assistant) reaching Postgres",
+        |r| diff(r.assistant_entry, r.trace.last_delta_ev),
+    ),
+    (
+        "assistant entry row → OutboundMessage",
+        "AppendEntries commit + reply",
+        |r| diff(r.trace.outbound_ts, r.assistant_entry),
+    ),
+    (
+        "OutboundMessage → delivered",
+        "OUTBOUND publish + ack, delivery pull, decode, JSON deliver publish",
+        |r| diff(Some(r.trace.delivered), r.trace.outbound_ts),
+    ),
+    (
+        "  (off path: OutboundMessage → run finished)",
+        "reply publish ack wait, FinishRun reaching Postgres",
+        |r| diff(r.finished, r.trace.outbound_ts),
+    ),
+    (
+        "  (off path: run finished → lifecycle end)",
+        "FinishRun commit + reply, end event",
+        |r| diff(r.trace.end_ev, r.finished),
+    ),
+];
+
+/// Everything the report shows.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// `--quick` or full.
+    pub mode: String,
+    /// Date (UTC).
+    pub date: String,
+    /// `git rev-parse --short HEAD` (+ `-dirty`).
+    pub commit: String,
+    /// Cores, CPU model, `free -h` Mem line.
+    pub machine: (usize, String, String),
+    /// Versions of nats-server and Postgres.
+    pub versions: String,
+    /// Clock ticks per second.
+    pub tck: u64,
+    /// Spawn of the first service to every service ready.
+    pub start_to_ready: Duration,
+    /// Latency phases (1 session, 10 sessions, ask).
+    pub latency: Vec<PhaseResult>,
+    /// Throughput phases.
+    pub throughput: Vec<PhaseResult>,
+    /// The memory phase.
+    pub memory_phase: Option<PhaseResult>,
+    /// Scaling: 100 sessions with two runners.
+    pub scaling: Option<PhaseResult>,
+    /// RSS KiB per process: idle after start.
+    pub rss_idle: Vec<(String, u64)>,
+    /// RSS KiB per process: before the memory phase.
+    pub rss_before_mem: Vec<(String, u64)>,
+    /// RSS KiB per process: peak during the memory phase.
+    pub rss_peak_mem: Vec<(String, u64)>,
+    /// RSS KiB per process: idle after the memory phase.
+    pub rss_after_mem: Vec<(String, u64)>,
+    /// Sessions the memory phase added.
+    pub mem_sessions: usize,
+    /// Sessions active at once during the memory phase.
+    pub mem_active: usize,
+    /// The 1-session trace joined with the database.
+    pub hops: Vec<HopRow>,
+    /// Runs completed according to the runner's `/metrics`, at the end.
+    pub runner_completed_metric: Option<u64>,
+}
+
+fn rss(list: &[(String, u64)], name: &str) -> Option<u64> {
+    list.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+fn verdict(ok: bool, how: String) -> String {
+    if ok {
+        format!("met ({how})")
+    } else {
+        format!("**missed** ({how})")
+    }
+}
+
+const SERVICES: [&str; 5] = ["gateway", "router", "runner", "memory", "delivery"];
+
+impl Report {
+    fn phase<'a>(&'a self, name: &str) -> Option<&'a PhaseResult> {
+        self.latency
+            .iter()
+            .chain(&self.throughput)
+            .chain(self.scaling.iter())
+            .chain(self.memory_phase.iter())
+            .find(|p| p.name == name)
+    }
+
+    /// The share of each stack group in the CPU of a phase, largest first.
+    fn cpu_split(&self, p: &PhaseResult) -> Vec<(String, f64)> {
+        let mut split: Vec<(String, f64)> = STACK_GROUPS
+            .iter()
+            .map(|g| (g.to_string(), p.cpu_ms_per_run(&[g], self.tck)))
+            .collect();
+        split.sort_by(|a, b| b.1.total_cmp(&a.1));
+        split
+    }
+
+    fn stack_cores(&self, p: &PhaseResult) -> f64 {
+        let ms = p.cpu_ms_per_run(&STACK_GROUPS, self.tck) * p.ok as f64;
+        ms / 1000.0 / p.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn hop_summary(&self) -> Vec<(String, String, Pct)> {
+        HOPS.iter()
+            .map(|(name, covers, f)| {
+                let v: Vec<f64> = self.hops.iter().filter_map(f).collect();
+                (name.to_string(), covers.to_string(), pct_ms(&v))
+            })
+            .collect()
+    }
+
+    fn bound_latency(&self) -> String {
+        let mut hops: Vec<(String, Pct)> = self
+            .hop_summary()
+            .into_iter()
+            .filter(|(n, _, _)| !n.starts_with("  "))
+            .map(|(n, _, p)| (n, p))
+            .collect();
+        hops.sort_by(|a, b| b.1.p50.total_cmp(&a.1.p50));
+        let top: Vec<String> = hops
+            .iter()
+            .take(3)
+            .map(|(n, p)| format!("{n} {:.2} ms", p.p50))
+            .collect();
+        if top.is_empty() {
+            "no hop profile".to_owned()
+        } else {
+            format!("largest hops (p50): {}", top.join(", "))
+        }
+    }
+
+    fn bound_cpu(&self, p: &PhaseResult) -> String {
+        let split: Vec<String> = self
+            .cpu_split(p)
+            .iter()
+            .take(4)
+            .map(|(g, ms)| format!("{g} {ms:.2}"))
+            .collect();
+        format!(
+            "stack used {:.2} of {} cores; CPU-ms/run by process: {}",
+            self.stack_cores(p),
+            self.machine.0,
+            split.join(", ")
+        )
+    }
+
+    /// Renders the whole report as markdown.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let (cores, model, mem) = &self.machine;
+        let _ = writeln!(s, "# agentloop benchmark results\n");
+        let _ = writeln!(
+            s,
+            "Produced by `./scripts/bench.sh{}` (the `agentloop-bench` binary). Each service runs as its own \
+             process from `target/release`, against a private nats-server (JetStream, file store in a temp dir), \
+             a fresh Postgres database and the fake model answering at once (`echo: <text>`, streamed in word chunks). \
+             The load client publishes protobuf InboundMessages on `agentloop.inbound.cli` through JetStream \
+             and waits for the JSON reply on `agentloop.deliver.cli.<session>`; sessions send in turn (closed loop).\n",
+            if self.mode == "quick" { " --quick" } else { "" }
+        );
+        let _ = writeln!(s, "- date: {}", self.date);
+        let _ = writeln!(s, "- commit: {}", self.commit);
+        let _ = writeln!(
+            s,
+            "- machine: {cores} cores (`nproc`), {model}; memory (`free -h`): {mem}"
+        );
+        let _ = writeln!(s, "- {}", self.versions);
+        let _ = writeln!(s, "- mode: {}", self.mode);
+        let _ = writeln!(
+            s,
+            "- stack start (nats-server, fake model, 5 services) to all `/readyz` green: {:.2} s\n",
+            self.start_to_ready.as_secs_f64()
+        );
+
+        s.push_str(&self.summary());
+        s.push_str(&self.latency_section());
+        s.push_str(&self.throughput_section());
+        s.push_str(&self.memory_section());
+        s.push_str(&self.hops_section());
+        s.push_str(
+            "\n## How it is measured\n\n\
+             - Latency: publish (just before the JetStream publish of the InboundMessage) to the first \
+             assistant delta SystemEvent seen on `agentloop.events.>` and to the reply seen on \
+             `agentloop.deliver.>`; the JetStream publish ack is awaited concurrently, not before.\n\
+             - Throughput: replies with the right text per second, from the first publish to the last reply; \
+             every message carries a unique tag (`<phase>-<session>-<n>`, also its idempotency key) that the \
+             fake model echoes. Persisted = rows in `runs` with status `completed` for the phase's keys.\n\
+             - CPU: utime+stime deltas from `/proc/<pid>/stat` of the five service processes, nats-server, \
+             and Postgres: the backends of the bench database (from `pg_stat_activity`, excluding the \
+             bench's own connection), the checkpointer, background writer, WAL writer, autovacuum launcher \
+             and the postmaster. The shared Postgres processes also serve other databases on this machine, \
+             so the Postgres figure is an upper bound. The fake model and the bench client are shown apart \
+             and not counted.\n\
+             - Memory: VmRSS from `/proc/<pid>/status`. Per idle session: runner RSS after the memory phase \
+             (idle) minus before it, divided by the sessions it added.\n\
+             - Hop profile: wall-clock timestamps on one host: the bench's publish and receive times, the \
+             RunCommand seen on `agentloop.run.>`, SystemEvent `ts`, `OutboundMessage.ts`, and \
+             `session_inbox.enqueued_at`, `runs.started_at/finished_at`, `transcript_entries.created_at` \
+             (Postgres `now()`: the statement's start).\n\
+             - OpenClaw side by side (`--openclaw`): not available yet; it needs the gateway's \
+             OpenAI-compatible HTTP endpoint. Peer figures come from `PEERS.md` (same machine type).\n",
+        );
+        s
+    }
+
+    fn summary(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "## Targets (issue 6) and peers\n");
+        let _ = writeln!(
+            s,
+            "| metric | agentloop | target | verdict / what bounds it | OpenClaw 2026.9.6 | nanobot 0.3.5 |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        if let Some(p) = self.phase("lat1") {
+            let l = pct(&p.totals);
+            let _ = writeln!(
+                s,
+                "| overhead inbound → final reply, 1 session, p50 | {:.2} ms | < 3 ms | {} | 363 ms (median, via HTTP) | 89 ms |",
+                l.p50,
+                verdict(
+                    l.p50 < 3.0,
+                    format!("{:.1}× the target; {}", l.p50 / 3.0, self.bound_latency())
+                )
+            );
+            let _ = writeln!(
+                s,
+                "| overhead inbound → final reply, 1 session, p99 | {:.2} ms | < 10 ms | {} | 430 ms (p95) | 99 ms (p95) |",
+                l.p99,
+                verdict(l.p99 < 10.0, format!("{:.1}× the target", l.p99 / 10.0))
+            );
+        }
+        if let Some(p) = self.phase("lat10") {
+            let l = pct(&p.totals);
+            let _ = writeln!(
+                s,
+                "| overhead, 10 sessions at once, p99 | {:.2} ms | < 25 ms | {} | 4.0 s (p95, 10 sessions) | 0.95 s (p95) |",
+                l.p99,
+                verdict(l.p99 < 25.0, format!("{:.1}× the target", l.p99 / 25.0))
+            );
+        }
+        if let Some(p) = self.phase("tp100") {
+            let all = p.persisted == Some(i64::try_from(p.sent).unwrap_or(-1))
+                && p.lost == 0
+                && p.wrong == 0;
+            let _ = writeln!(
+                s,
+                "| completed runs/s, 100 sessions | {:.0} | ≥ 1,500, all persisted | {} | 3.4 msg/s (50 sessions) | 13.4 msg/s (50 sessions) |",
+                p.rate(),
+                verdict(
+                    p.rate() >= 1500.0 && all,
+                    format!(
+                        "{:.1}× below; persisted {}/{}; {}",
+                        1500.0 / p.rate().max(1e-9),
+                        p.persisted.unwrap_or(-1),
+                        p.sent,
+                        self.bound_cpu(p)
+                    )
+                )
+            );
+            let cpu = p.cpu_ms_per_run(&STACK_GROUPS, self.tck);
+            let _ = writeln!(
+                s,
+                "| CPU-ms per completed run, whole stack (100 sessions) | {cpu:.2} | < 1.5 | {} | 330–420 | 70–90 |",
+                verdict(
+                    cpu < 1.5,
+                    format!(
+                        "{:.1}× the target; largest: {}",
+                        cpu / 1.5,
+                        self.cpu_split(p)
+                            .iter()
+                            .take(3)
+                            .map(|(g, ms)| format!("{g} {ms:.2}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                )
+            );
+        }
+        let idle_max = SERVICES
+            .iter()
+            .filter_map(|n| rss(&self.rss_idle, n).map(|v| (*n, v)))
+            .max_by_key(|(_, v)| *v);
+        if let Some((name, kib)) = idle_max {
+            let all: Vec<String> = SERVICES
+                .iter()
+                .filter_map(|n| rss(&self.rss_idle, n).map(|v| format!("{n} {}", mib(v))))
+                .collect();
+            let _ = writeln!(
+                s,
+                "| RSS idle, largest service | {} MiB ({name}) | < 30 MiB each | {} | 977 MB (3 processes) | 105 MB |",
+                mib(kib),
+                verdict(kib < 30 * 1024, format!("MiB: {}", all.join(", ")))
+            );
+        }
+        if let Some(per) = self.kib_per_session() {
+            let _ = writeln!(
+                s,
+                "| runner RSS per idle session known | {per:.2} KiB | < 5 KiB | {} | 1.9 GB after load | 152 MB after load |",
+                verdict(
+                    per < 5.0,
+                    format!(
+                        "runner +{} MiB for {} sessions",
+                        mib(self.runner_delta()),
+                        self.mem_sessions
+                    )
+                )
+            );
+        }
+        if let (Some(one), Some(two)) = (self.phase("tp100"), self.scaling.as_ref()) {
+            let _ = writeln!(
+                s,
+                "| scaling, 100 sessions: 1 → 2 runners | {:.0} → {:.0} runs/s ({:.2}×) | (measure) | {} | — | — |",
+                one.rate(),
+                two.rate(),
+                two.rate() / one.rate().max(1e-9),
+                self.bound_cpu(two)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "| start to ready | {:.2} s | — | — | 11.5–19 s | 1.8–2 s |\n",
+            self.start_to_ready.as_secs_f64()
+        );
+        s
+    }
+
+    fn runner_delta(&self) -> u64 {
+        let before = rss(&self.rss_before_mem, "runner").unwrap_or(0);
+        let after = rss(&self.rss_after_mem, "runner").unwrap_or(0);
+        after.saturating_sub(before)
+    }
+
+    fn kib_per_session(&self) -> Option<f64> {
+        (self.mem_sessions > 0 && !self.rss_after_mem.is_empty())
+            .then(|| self.runner_delta() as f64 / self.mem_sessions as f64)
+    }
+
+    fn latency_section(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "## Overhead latency (ms)\n");
+        let _ = writeln!(
+            s,
+            "| scenario | messages | ok | to first delta p50 / p90 / p99 / max | to final reply p50 / p90 / p99 / max |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for p in &self.latency {
+            let f = pct(&p.first_deltas);
+            let t = pct(&p.totals);
+            let what = match p.name.as_str() {
+                "lat1" => "1 session, in turn".to_owned(),
+                "lat10" => "10 sessions at once, each in turn".to_owned(),
+                "ask1" => "1 session via gateway `agentloop.ask` (request → reply)".to_owned(),
+                other => other.to_owned(),
+            };
+            let first = if f.n == 0 {
+                "—".to_owned()
+            } else {
+                format!("{:.2} / {:.2} / {:.2} / {:.2}", f.p50, f.p90, f.p99, f.max)
+            };
+            let _ = writeln!(
+                s,
+                "| {what} | {} | {} | {first} | {:.2} / {:.2} / {:.2} / {:.2} |",
+                p.sent, p.ok, t.p50, t.p90, t.p99, t.max
+            );
+        }
+        s.push('\n');
+        s
+    }
+
+    fn throughput_section(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "## Throughput (closed loop, each session sends in turn)\n"
+        );
+        let _ = writeln!(
+            s,
+            "| sessions | runners | sent | replies ok | wrong / lost / dup / stray | persisted runs | transcript rows | runs/s | latency p50 / p99 ms | stack CPU-ms/run | stack cores busy |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let rows: Vec<&PhaseResult> = self
+            .throughput
+            .iter()
+            .chain(self.scaling.iter())
+            .chain(self.memory_phase.iter())
+            .collect();
+        for p in &rows {
+            let t = pct(&p.totals);
+            let label = if p.name == "mem" {
+                format!(
+                    "{} (memory phase, 1 msg × {} sessions)",
+                    p.concurrency, self.mem_sessions
+                )
+            } else {
+                p.concurrency.to_string()
+            };
+            let _ = writeln!(
+                s,
+                "| {label} | {} | {} | {} | {} / {} / {} / {} | {} | {} | {:.0} | {:.1} / {:.1} | {:.2} | {:.2} |",
+                p.runners,
+                p.sent,
+                p.ok,
+                p.wrong,
+                p.lost,
+                p.tally.duplicates,
+                p.tally.unexpected,
+                p.persisted.unwrap_or(-1),
+                p.transcript_entries.unwrap_or(-1),
+                p.rate(),
+                t.p50,
+                t.p99,
+                p.cpu_ms_per_run(&STACK_GROUPS, self.tck),
+                self.stack_cores(p)
+            );
+        }
+        let _ = writeln!(s, "\n### CPU-ms per completed run, by process\n");
+        let mut header = "| sessions | runners |".to_owned();
+        let mut sep = "|---|---|".to_owned();
+        let groups: Vec<&str> = STACK_GROUPS
+            .iter()
+            .copied()
+            .chain(["fake-model", "bench"])
+            .collect();
+        for g in &groups {
+            let _ = write!(header, " {g} |");
+            sep.push_str("---|");
+        }
+        let _ = writeln!(s, "{header}\n{sep}");
+        for p in &rows {
+            let _ = write!(s, "| {} | {} |", p.concurrency, p.runners);
+            for g in &groups {
+                let _ = write!(s, " {:.3} |", p.cpu_ms_per_run(&[g], self.tck));
+            }
+            s.push('\n');
+        }
+        s.push('\n');
+        s
+    }
+
+    fn memory_section(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "## Resident memory (MiB)\n");
+        let _ = writeln!(
+            s,
+            "| process | idle after start | before memory phase | peak, {} sessions active | after {} more sessions known, idle |",
+            self.mem_active, self.mem_sessions
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for (name, idle) in &self.rss_idle {
+            let cell = |list: &[(String, u64)]| rss(list, name).map_or("—".to_owned(), mib);
+            let _ = writeln!(
+                s,
+                "| {name} | {} | {} | {} | {} |",
+                mib(*idle),
+                cell(&self.rss_before_mem),
+                cell(&self.rss_peak_mem),
+                cell(&self.rss_after_mem)
+            );
+        }
+        if let Some(per) = self.kib_per_session() {
+            let _ = writeln!(
+                s,
+                "\nRunner: +{} MiB for {} sessions known (idle) = **{per:.2} KiB per idle session**.",
+                mib(self.runner_delta()),
+                self.mem_sessions
+            );
+        }
+        s.push('\n');
+        s
+    }
+
+    fn hops_section(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "## Where the time goes (1 session in turn, {} runs)\n",
+            self.hops.len()
+        );
+        let _ = writeln!(s, "| hop | covers | p50 ms | p90 ms | p99 ms |");
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for (name, covers, p) in self.hop_summary() {
+            let _ = writeln!(
+                s,
+                "| {name} | {covers} | {:.3} | {:.3} | {:.3} |",
+                p.p50, p.p90, p.p99
+            );
+        }
+        let total: Vec<f64> = self
+            .hops
+            .iter()
+            .map(|r| (r.trace.delivered - r.trace.sent) / 1000.0)
+            .collect();
+        let t = pct_ms(&total);
+        let _ = writeln!(
+            s,
+            "| **publish → delivered** | end to end | {:.3} | {:.3} | {:.3} |",
+            t.p50, t.p90, t.p99
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        let p = pct_ms(&v);
+        assert_eq!(p.p50, 50.0);
+        assert_eq!(p.p90, 90.0);
+        assert_eq!(p.p99, 99.0);
+        assert_eq!(p.max, 100.0);
+        assert_eq!(pct_ms(&[]).n, 0);
+    }
+}

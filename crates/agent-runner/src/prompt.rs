@@ -1,0 +1,241 @@
+//! The model's context: the system prompt (identity, instructions, tools, session context) and
+//! the conversation rebuilt from the transcript, trimmed to fit the model's window.
+
+use std::collections::HashSet;
+
+use agentloop_model::{ChatMessage, ToolCall, ToolSpec};
+use agentloop_proto::v1::Entry;
+
+/// Rough token estimate (about four bytes a token) that errs on the large side for prose.
+pub(crate) fn estimate_tokens(text: &str) -> usize {
+    text.len() / 4 + 1
+}
+
+fn message_tokens(message: &ChatMessage) -> usize {
+    match message {
+        ChatMessage::User { content } => estimate_tokens(content) + 4,
+        ChatMessage::Assistant {
+            content,
+            tool_calls,
+        } => {
+            estimate_tokens(content)
+                + tool_calls
+                    .iter()
+                    .map(|c| {
+                        estimate_tokens(&c.arguments.to_string()) + estimate_tokens(&c.name) + 8
+                    })
+                    .sum::<usize>()
+                + 4
+        }
+        ChatMessage::Tool { content, .. } => estimate_tokens(content) + 8,
+    }
+}
+
+/// Inputs of the system prompt.
+pub(crate) struct PromptParts<'a> {
+    pub(crate) agent_id: &'a str,
+    pub(crate) identity: &'a str,
+    pub(crate) instructions: &'a str,
+    pub(crate) tools: &'a [ToolSpec],
+    pub(crate) session_key: &'a str,
+    pub(crate) channel: &'a str,
+    pub(crate) extra_context: Option<&'a str>,
+}
+
+/// Assembles the system prompt.
+pub(crate) fn system_prompt(parts: &PromptParts<'_>) -> String {
+    let mut prompt = String::new();
+    if parts.identity.is_empty() {
+        prompt.push_str(&format!("You are {}, an AI assistant.", parts.agent_id));
+    } else {
+        prompt.push_str(parts.identity);
+    }
+    if !parts.instructions.is_empty() {
+        prompt.push_str("\n\n");
+        prompt.push_str(parts.instructions);
+    }
+    if !parts.tools.is_empty() {
+        prompt.push_str("\n\n## Tools\nYou can call these tools:\n");
+        for tool in parts.tools {
+            prompt.push_str(&format!("- {}: {}\n", tool.name, tool.description));
+        }
+    }
+    prompt.push_str(&format!(
+        "\n\n## Session\nConversation: {}\nChannel: {}\nReply NO_REPLY (alone) when no message should be sent.",
+        parts.session_key, parts.channel
+    ));
+    if let Some(extra) = parts.extra_context.filter(|c| !c.is_empty()) {
+        prompt.push_str("\n\n## Context\n");
+        prompt.push_str(extra);
+    }
+    prompt
+}
+
+/// Rebuilds the conversation from transcript entries. Tool calls that never got a result (a run
+/// cut short) get a synthetic one, except those of `open_run`, which is being resumed.
+pub(crate) fn conversation(entries: &[Entry], open_run: &str) -> Vec<ChatMessage> {
+    let answered: HashSet<&str> = entries
+        .iter()
+        .filter(|e| e.role == "tool")
+        .map(|e| e.tool_call_id.as_str())
+        .collect();
+    let mut messages = Vec::with_capacity(entries.len());
+    for entry in entries {
+        match entry.role.as_str() {
+            "user" => messages.push(ChatMessage::user(entry.content.clone())),
+            "assistant" => {
+                let tool_calls = tool_calls_of(entry);
+                let missing: Vec<&ToolCall> = tool_calls
+                    .iter()
+                    .filter(|c| !answered.contains(c.id.as_str()))
+                    .collect();
+                let synthetic: Vec<ChatMessage> = if entry.run_id == open_run {
+                    Vec::new()
+                } else {
+                    missing
+                        .iter()
+                        .map(|c| {
+                            ChatMessage::tool_result(
+                                c.id.clone(),
+                                "skipped: the run ended before this tool ran",
+                                true,
+                            )
+                        })
+                        .collect()
+                };
+                messages.push(ChatMessage::Assistant {
+                    content: entry.content.clone(),
+                    tool_calls,
+                });
+                messages.extend(synthetic);
+            }
+            "tool" => {
+                let is_error = serde_json::from_str::<serde_json::Value>(&entry.data)
+                    .map(|d| d["isError"].as_bool().unwrap_or(false))
+                    .unwrap_or(false);
+                messages.push(ChatMessage::tool_result(
+                    entry.tool_call_id.clone(),
+                    entry.content.clone(),
+                    is_error,
+                ));
+            }
+            _ => {}
+        }
+    }
+    messages
+}
+
+/// Returns the tool calls stored with an assistant entry.
+pub(crate) fn tool_calls_of(entry: &Entry) -> Vec<ToolCall> {
+    if entry.data.is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_str::<serde_json::Value>(&entry.data)
+        .ok()
+        .and_then(|d| serde_json::from_value(d["toolCalls"].clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Drops the oldest messages until the context fits `budget` tokens, never leaving a tool result
+/// without the assistant turn that asked for it. The last message is always kept.
+pub(crate) fn fit(
+    messages: &mut Vec<ChatMessage>,
+    system: &str,
+    tools: &[ToolSpec],
+    budget: usize,
+) {
+    let fixed = estimate_tokens(system)
+        + tools
+            .iter()
+            .map(|t| {
+                estimate_tokens(&t.parameters.to_string()) + estimate_tokens(&t.description) + 8
+            })
+            .sum::<usize>();
+    let mut total: usize = fixed + messages.iter().map(message_tokens).sum::<usize>();
+    let mut drop = 0;
+    while total > budget && drop + 1 < messages.len() {
+        total -= message_tokens(&messages[drop]);
+        drop += 1;
+    }
+    // A conversation must not start with tool results or in the middle of a tool exchange.
+    while drop + 1 < messages.len() && !matches!(messages[drop], ChatMessage::User { .. }) {
+        drop += 1;
+    }
+    if drop > 0 {
+        tracing::debug!(dropped = drop, "context trimmed to fit the model window");
+        messages.drain(..drop);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(role: &str, content: &str, run: &str) -> Entry {
+        Entry {
+            role: role.into(),
+            content: content.into(),
+            run_id: run.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_unanswered_tool_call_of_an_ended_run_gets_a_synthetic_result() {
+        let mut assistant = entry("assistant", "", "r1");
+        assistant.data = r#"{"toolCalls":[{"id":"c1","name":"x","arguments":{}}]}"#.into();
+        let entries = vec![entry("user", "hi", "r1"), assistant.clone()];
+        let messages = conversation(&entries, "r2");
+        assert_eq!(messages.len(), 3);
+        assert!(
+            matches!(&messages[2], ChatMessage::Tool { tool_call_id, is_error: true, .. } if tool_call_id == "c1")
+        );
+        let resumed = conversation(&entries, "r1");
+        assert_eq!(
+            resumed.len(),
+            2,
+            "the open run's calls are resumed, not skipped"
+        );
+    }
+
+    #[test]
+    fn trimming_keeps_the_newest_and_never_starts_with_a_tool_result() {
+        let mut messages = vec![
+            ChatMessage::user("x".repeat(4000)),
+            ChatMessage::Assistant {
+                content: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: "c".into(),
+                    name: "t".into(),
+                    arguments: serde_json::json!({}),
+                }],
+            },
+            ChatMessage::tool_result("c", "y".repeat(400), false),
+            ChatMessage::user("latest"),
+        ];
+        fit(&mut messages, "system", &[], 200);
+        assert_eq!(messages, vec![ChatMessage::user("latest")]);
+    }
+
+    #[test]
+    fn the_system_prompt_lists_tools_and_session() {
+        let tools = vec![ToolSpec {
+            name: "current_time".into(),
+            description: "now".into(),
+            parameters: serde_json::json!({}),
+        }];
+        let prompt = system_prompt(&PromptParts {
+            agent_id: "main",
+            identity: "",
+            instructions: "Be brief.",
+            tools: &tools,
+            session_key: "cli:a",
+            channel: "cli",
+            extra_context: Some("likes tea"),
+        });
+        assert!(prompt.starts_with("You are main"));
+        for needle in ["Be brief.", "- current_time: now", "cli:a", "likes tea"] {
+            assert!(prompt.contains(needle), "{needle} missing from {prompt}");
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! Sends a client's message into the system and follows its run: the one path behind WebSocket
+//! `agent`/`chat.send` and `POST /v1/chat/completions`.
+//!
+//! A message becomes a dispatch record in memory keyed by (session key, idempotency key) before
+//! it is published, so a repeated key on any replica (or after a restart) finds the record and
+//! gets the first answer instead of starting a second run.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use tokio::time::Instant;
+
+use agentloop_bus::{Bus, error_chain};
+use agentloop_proto::v1::{
+    BeginDispatchRequest, CompleteDispatchRequest, Dispatch, GetDispatchRequest, InboundMessage,
+    OutboundMessage, ResolveSessionRequest, SystemEvent,
+    session_service_client::SessionServiceClient,
+};
+use agentloop_telemetry::TracedChannel;
+
+use crate::RequestError;
+
+/// The memory client every gateway call shares (cheap to clone).
+pub(crate) type Sessions = SessionServiceClient<TracedChannel>;
+
+/// How often a caller that did not send the message itself looks at the record.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// How long the lifecycle end may trail the final reply before the run is reported anyway.
+const END_GRACE: Duration = Duration::from_secs(2);
+
+/// A message to send.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Submission {
+    pub(crate) session_key: String,
+    pub(crate) text: String,
+    /// Chosen by the gateway when the client gave none.
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) agent_id: String,
+    pub(crate) channel: String,
+    pub(crate) sender_id: String,
+    pub(crate) queue_mode: String,
+    pub(crate) metadata: HashMap<String, String>,
+    pub(crate) timeout: Duration,
+}
+
+/// How a followed run ended, from the client's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndStatus {
+    Ok,
+    Error,
+    Timeout,
+}
+
+impl EndStatus {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+/// The end of a run as reported to the client.
+#[derive(Debug, Clone)]
+pub(crate) struct Finished {
+    pub(crate) status: EndStatus,
+    pub(crate) text: String,
+    pub(crate) error: String,
+    /// The run's id in the runs table, when known.
+    pub(crate) agent_run_id: String,
+}
+
+/// A message that is in the system: what the client is told at once.
+pub(crate) struct Accepted {
+    pub(crate) run_handle: String,
+    pub(crate) session_key: String,
+    pub(crate) session_id: String,
+    pub(crate) idempotency_key: String,
+    /// True when the key was seen before: no new run was started.
+    pub(crate) duplicate: bool,
+    follow: Follow,
+    sessions: Sessions,
+    deadline: Instant,
+}
+
+enum Follow {
+    /// This call sent the message and listens for its events and reply.
+    Sent {
+        events: async_nats::Subscriber,
+        replies: async_nats::Subscriber,
+    },
+    /// Another call sent it; its record is watched until the answer is stored.
+    Repeat,
+}
+
+/// Resolves the session, records the dispatch and publishes the message (unless its key was
+/// seen before).
+///
+/// # Errors
+/// [`RequestError::InvalidRequest`] for a message the contract refuses,
+/// [`RequestError::Unavailable`] when memory or the bus cannot be reached.
+pub(crate) async fn submit(
+    bus: &Bus,
+    sessions: &Sessions,
+    submission: Submission,
+    ttl: Duration,
+) -> Result<Accepted, RequestError> {
+    let deadline = Instant::now() + submission.timeout;
+    let idempotency_key = submission
+        .idempotency_key
+        .clone()
+        .filter(|k| !k.is_empty())
+        .unwrap_or_else(agentloop_bus::nuid);
+    let mut inbound = InboundMessage {
+        session_key: submission.session_key,
+        channel: submission.channel,
+        sender_id: submission.sender_id,
+        text: submission.text,
+        idempotency_key: idempotency_key.clone(),
+        queue_mode: submission.queue_mode,
+        agent_id: submission.agent_id,
+        metadata: submission.metadata,
+        received_at: Some(agentloop_proto::now()),
+        ..Default::default()
+    };
+    agentloop_proto::validate_inbound(&mut inbound, "webchat")
+        .map_err(|err| RequestError::InvalidRequest(err.to_string()))?;
+    let mut memory = sessions.clone();
+    let session = memory
+        .resolve_session(ResolveSessionRequest {
+            session_key: inbound.session_key.clone(),
+            agent_id: inbound.agent_id.clone(),
+            channel: inbound.channel.clone(),
+        })
+        .await?
+        .into_inner();
+    let record = memory
+        .begin_dispatch(BeginDispatchRequest {
+            session_key: inbound.session_key.clone(),
+            idempotency_key: idempotency_key.clone(),
+            run_handle: uuid::Uuid::now_v7().to_string(),
+            session_id: session.id.clone(),
+            ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+        })
+        .await?
+        .into_inner();
+    let msg_id = format!("{}:{}", inbound.session_key, idempotency_key);
+    let inbound_subject = bus.subjects().inbound(&inbound.channel);
+    let follow = if record.created {
+        // Subscribe before publishing so neither a fast event nor a fast reply slips past.
+        let events = subscribe(bus, bus.subjects().session_events(&session.id)).await?;
+        let reply_subject = bus.subjects().reply(&agentloop_bus::nuid());
+        let replies = subscribe(bus, reply_subject.clone()).await?;
+        inbound.reply_subject = reply_subject;
+        inbound.reply_encoding = agentloop_proto::Encoding::Proto.name().to_owned();
+        bus.publish_durable(inbound_subject, &inbound, Some(&msg_id))
+            .await
+            .map_err(|err| RequestError::Unavailable(error_chain(&err)))?;
+        Follow::Sent { events, replies }
+    } else {
+        if record.run_id.is_empty() && record.status == "accepted" {
+            // The first caller may have died between recording and publishing; sending again
+            // is harmless because the stream and the session inbox both drop the duplicate.
+            bus.publish_durable(inbound_subject, &inbound, Some(&msg_id))
+                .await
+                .map_err(|err| RequestError::Unavailable(error_chain(&err)))?;
+        }
+        Follow::Repeat
+    };
+    Ok(Accepted {
+        run_handle: record.run_handle,
+        session_key: inbound.session_key,
+        session_id: session.id,
+        idempotency_key,
+        duplicate: !record.created,
+        follow,
+        sessions: sessions.clone(),
+        deadline,
+    })
+}
+
+async fn subscribe(bus: &Bus, subject: String) -> Result<async_nats::Subscriber, RequestError> {
+    bus.client()
+        .subscribe(subject)
+        .await
+        .map_err(|err| RequestError::Unavailable(format!("cannot subscribe: {err}")))
+}
+
+impl Accepted {
+    /// Follows the run to its end, handing each of its events to `on_event`, and stores the
+    /// answer as the one every repeat of the key gets.
+    pub(crate) async fn finish<F, Fut>(self, on_event: F) -> Finished
+    where
+        F: FnMut(SystemEvent) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let Self {
+            run_handle,
+            session_key,
+            idempotency_key,
+            follow,
+            sessions,
+            deadline,
+            ..
+        } = self;
+        match follow {
+            Follow::Sent { events, replies } => {
+                let finished = follow_sent(
+                    events,
+                    replies,
+                    &sessions,
+                    &session_key,
+                    &idempotency_key,
+                    deadline,
+                    on_event,
+                )
+                .await;
+                if finished.status != EndStatus::Timeout {
+                    let stored = sessions
+                        .clone()
+                        .complete_dispatch(CompleteDispatchRequest {
+                            run_handle,
+                            status: finished.status.as_str().to_owned(),
+                            text: finished.text.clone(),
+                            error: finished.error.clone(),
+                        })
+                        .await;
+                    if let Err(status) = stored {
+                        // The answer still reaches this caller; a repeat falls back on the run.
+                        tracing::warn!(error = %status.message(), "failed to store the answer of a dispatch");
+                    }
+                }
+                finished
+            }
+            Follow::Repeat => wait_for_record(&sessions, &run_handle, deadline).await,
+        }
+    }
+}
+
+async fn follow_sent<F, Fut>(
+    mut events: async_nats::Subscriber,
+    mut replies: async_nats::Subscriber,
+    sessions: &Sessions,
+    session_key: &str,
+    idempotency_key: &str,
+    deadline: Instant,
+    mut on_event: F,
+) -> Finished
+where
+    F: FnMut(SystemEvent) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut ours: Option<String> = None;
+    let mut others: HashSet<String> = HashSet::new();
+    let mut reply: Option<OutboundMessage> = None;
+    let mut ended = false;
+    let mut stop_at = deadline;
+    loop {
+        if reply.is_some() && (ended || ours.is_none()) {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(stop_at) => break,
+            next = events.next() => {
+                let Some(msg) = next else { break };
+                let Ok((event, _)) = agentloop_bus::decode::<SystemEvent>(&msg) else { continue };
+                if others.contains(&event.run_id) {
+                    continue;
+                }
+                if ours.as_deref() != Some(event.run_id.as_str()) {
+                    if ours.is_some() {
+                        others.insert(event.run_id.clone());
+                        continue;
+                    }
+                    // A run's first event comes after its row exists, so one look at the
+                    // record tells whether this run is the one processing our message.
+                    match run_of(sessions, session_key, idempotency_key).await {
+                        Some(run_id) if run_id == event.run_id => ours = Some(run_id),
+                        Some(_) | None => {
+                            others.insert(event.run_id.clone());
+                            continue;
+                        }
+                    }
+                }
+                ended = event.stream == "lifecycle" && (event.phase == "end" || event.phase == "error");
+                on_event(event).await;
+            }
+            next = replies.next() => {
+                let Some(msg) = next else { break };
+                match agentloop_bus::decode::<OutboundMessage>(&msg) {
+                    Ok((outbound, _)) => {
+                        if ours.is_none() && !outbound.run_id.is_empty() {
+                            ours = Some(outbound.run_id.clone());
+                        }
+                        reply = Some(outbound);
+                        stop_at = stop_at.min(Instant::now() + END_GRACE);
+                    }
+                    Err(err) => tracing::warn!(error = %error_chain(&err), "undecodable reply"),
+                }
+            }
+        }
+    }
+    let _ = events.unsubscribe().await;
+    let _ = replies.unsubscribe().await;
+    match reply {
+        Some(outbound) => Finished {
+            status: if outbound.error.is_empty() {
+                EndStatus::Ok
+            } else {
+                EndStatus::Error
+            },
+            text: outbound.text,
+            error: outbound.error,
+            agent_run_id: outbound.run_id,
+        },
+        None => Finished {
+            status: EndStatus::Timeout,
+            text: String::new(),
+            error: "the run did not end in time".to_owned(),
+            agent_run_id: ours.unwrap_or_default(),
+        },
+    }
+}
+
+async fn run_of(sessions: &Sessions, session_key: &str, idempotency_key: &str) -> Option<String> {
+    let record = sessions
+        .clone()
+        .get_dispatch(GetDispatchRequest {
+            session_key: session_key.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .ok()?
+        .into_inner();
+    Some(record.run_id)
+}
+
+/// Watches a dispatch record (by run handle or run id) until it has an answer or `deadline`.
+///
+/// # Errors
+/// [`RequestError::NotFound`] when there is no live record under `run_id`.
+pub(crate) async fn wait(
+    sessions: &Sessions,
+    run_id: &str,
+    deadline: Instant,
+) -> Result<Finished, RequestError> {
+    let record = sessions
+        .clone()
+        .get_dispatch(GetDispatchRequest {
+            run_id: run_id.to_owned(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    if record.run_handle.is_empty() {
+        return Err(RequestError::NotFound(format!("no run {run_id}")));
+    }
+    Ok(wait_for_record(sessions, &record.run_handle, deadline).await)
+}
+
+async fn wait_for_record(sessions: &Sessions, run_handle: &str, deadline: Instant) -> Finished {
+    let mut run_ended_at: Option<Instant> = None;
+    let mut last: Option<Dispatch> = None;
+    loop {
+        let fetched = sessions
+            .clone()
+            .get_dispatch(GetDispatchRequest {
+                run_id: run_handle.to_owned(),
+                ..Default::default()
+            })
+            .await;
+        if let Ok(record) = fetched.map(tonic::Response::into_inner)
+            && !record.run_handle.is_empty()
+        {
+            if let Some(finished) = stored_answer(&record) {
+                return finished;
+            }
+            if !record.run_status.is_empty() && record.run_status != "running" {
+                // The run is over but no gateway stored its reply yet; give the one that
+                // follows it a moment, then answer from the run itself.
+                let since = *run_ended_at.get_or_insert_with(Instant::now);
+                if since.elapsed() >= END_GRACE {
+                    return answer_from_run(&record);
+                }
+            }
+            last = Some(record);
+        }
+        if Instant::now() + POLL_INTERVAL > deadline {
+            return Finished {
+                status: EndStatus::Timeout,
+                text: String::new(),
+                error: "the run did not end in time".to_owned(),
+                agent_run_id: last.map(|r| r.run_id).unwrap_or_default(),
+            };
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+fn stored_answer(record: &Dispatch) -> Option<Finished> {
+    let status = match record.status.as_str() {
+        "ok" => EndStatus::Ok,
+        "error" => EndStatus::Error,
+        _ => return None,
+    };
+    Some(Finished {
+        status,
+        text: record.text.clone(),
+        error: record.error.clone(),
+        agent_run_id: record.run_id.clone(),
+    })
+}
+
+fn answer_from_run(record: &Dispatch) -> Finished {
+    let ok = record.run_status == "completed";
+    Finished {
+        status: if ok { EndStatus::Ok } else { EndStatus::Error },
+        text: record.run_answer.clone(),
+        error: if ok {
+            String::new()
+        } else {
+            format!("{}: {}", record.run_status, record.run_error)
+        },
+        agent_run_id: record.run_id.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(status: &str, run_status: &str) -> Dispatch {
+        Dispatch {
+            run_handle: "h".into(),
+            status: status.into(),
+            text: "stored".into(),
+            run_id: "r".into(),
+            run_status: run_status.into(),
+            run_error: "boom".into(),
+            run_answer: "from run".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_stored_answer_wins_over_the_run_state() {
+        let finished = stored_answer(&record("ok", "completed")).unwrap();
+        assert_eq!(finished.status, EndStatus::Ok);
+        assert_eq!(finished.text, "stored");
+        assert!(stored_answer(&record("accepted", "completed")).is_none());
+    }
+
+    #[test]
+    fn a_failed_run_without_stored_answer_reports_its_status_and_error() {
+        let finished = answer_from_run(&record("accepted", "timeout"));
+        assert_eq!(finished.status, EndStatus::Error);
+        assert_eq!(finished.error, "timeout: boom");
+        let finished = answer_from_run(&record("accepted", "completed"));
+        assert_eq!(finished.status, EndStatus::Ok);
+        assert_eq!(finished.text, "from run");
+    }
+}

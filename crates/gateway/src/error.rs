@@ -1,0 +1,104 @@
+//! What stops the gateway, and what a client request can fail with.
+
+/// What stops the gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The bus could not be set up.
+    #[error("bus setup failed")]
+    Bus(#[from] agentloop_bus::BusError),
+    /// The HTTP address could not be bound.
+    #[error("failed to bind {addr}")]
+    Bind {
+        /// The address configured.
+        addr: String,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The `ask` subject could not be subscribed.
+    #[error("failed to subscribe to {subject}")]
+    Subscribe {
+        /// The subject.
+        subject: String,
+        /// The client's error.
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+    /// `[memory] url` is not a valid URI.
+    #[error("invalid memory url {url}")]
+    MemoryUrl {
+        /// The configured URL.
+        url: String,
+        /// The parse error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// Why one client request failed; each maps to a stable error code on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// A method other than `connect` before `connect`.
+    #[error("call connect first")]
+    NotConnected,
+    /// No token, or a wrong one.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The frame is not a request, or its params are wrong.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The method does not exist.
+    #[error("unknown method {0:?}")]
+    UnknownMethod(String),
+    /// The connection sends faster than its rate limit.
+    #[error("rate limit exceeded: at most {per_sec} requests per second")]
+    RateLimited {
+        /// The configured rate.
+        per_sec: u32,
+    },
+    /// The frame is larger than allowed.
+    #[error("frame of {size} bytes exceeds the limit of {limit} bytes")]
+    FrameTooLarge {
+        /// The frame's size.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// What was asked for does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// A dependency (bus, memory) cannot be reached; retrying later may work.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl RequestError {
+    /// Returns the error code clients match on.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotConnected => "NOT_CONNECTED",
+            Self::Unauthorized(_) => "UNAUTHORIZED",
+            Self::InvalidRequest(_) => "INVALID_REQUEST",
+            Self::UnknownMethod(_) => "UNKNOWN_METHOD",
+            Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::FrameTooLarge { .. } => "FRAME_TOO_LARGE",
+            Self::NotFound(_) => "NOT_FOUND",
+            Self::Unavailable(_) => "UNAVAILABLE",
+        }
+    }
+
+    /// Returns whether the same request may succeed later.
+    pub fn retryable(&self) -> bool {
+        matches!(self, Self::RateLimited { .. } | Self::Unavailable(_))
+    }
+}
+
+impl From<tonic::Status> for RequestError {
+    fn from(status: tonic::Status) -> Self {
+        match status.code() {
+            tonic::Code::InvalidArgument => Self::InvalidRequest(status.message().to_owned()),
+            tonic::Code::NotFound => Self::NotFound(status.message().to_owned()),
+            _ => Self::Unavailable(format!("memory: {}", status.message())),
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! `/ws`: the WebSocket RPC. Frames are JSON: `{"type":"req","id","method","params"}` from the
+//! client, `{"type":"res","id","ok","payload"|"error"}` and `{"type":"event","event","payload",
+//! "seq"}` from the gateway. `connect` (with the token) must come first.
+
+use std::net::SocketAddr;
+
+use axum::{
+    extract::{
+        ConnectInfo, State,
+        ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code},
+    },
+    response::Response,
+};
+use futures::{SinkExt as _, StreamExt as _};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
+
+use crate::{RequestError, http::AppState, methods};
+
+/// Protocol version announced by `connect`.
+const PROTOCOL: u32 = 1;
+/// Frames waiting for a slow client before request handlers wait for it (backpressure).
+const OUTGOING_CAPACITY: usize = 256;
+/// The transport refuses frames this many times the configured limit; up to that the gateway
+/// reads a frame and answers a clear `FRAME_TOO_LARGE` instead of just dropping the connection.
+const HARD_LIMIT_FACTOR: usize = 4;
+
+/// A frame for the connection's writer.
+#[derive(Debug)]
+pub(crate) enum Outgoing {
+    /// A response frame, sent as is.
+    Frame(Value),
+    /// An event; the writer numbers it.
+    Event {
+        /// The event name (`agent`, `chat`).
+        event: &'static str,
+        /// Its payload.
+        payload: Value,
+    },
+    /// Closes the connection with a code and reason.
+    Close(u16, String),
+}
+
+/// Returns a success response frame.
+pub(crate) fn ok(id: &Value, payload: Value) -> Outgoing {
+    Outgoing::Frame(json!({"type": "res", "id": id, "ok": true, "payload": payload}))
+}
+
+/// Returns an error response frame.
+pub(crate) fn err(id: &Value, error: &RequestError) -> Outgoing {
+    Outgoing::Frame(json!({
+        "type": "res",
+        "id": id,
+        "ok": false,
+        "error": {"code": error.code(), "message": error.to_string(), "retryable": error.retryable()},
+    }))
+}
+
+/// Upgrades `/ws` with the configured frame limits.
+pub(crate) async fn upgrade(
+    ws: WebSocketUpgrade,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    State(state): State<AppState>,
+) -> Response {
+    let hard = state
+        .config
+        .gateway
+        .max_frame_bytes
+        .saturating_mul(HARD_LIMIT_FACTOR);
+    ws.max_frame_size(hard)
+        .max_message_size(hard)
+        .on_upgrade(move |socket| {
+            let span = tracing::info_span!("ws", %peer, conn_id = %agentloop_bus::nuid());
+            connection(socket, peer, state).instrument(span)
+        })
+}
+
+async fn connection(socket: WebSocket, peer: SocketAddr, state: AppState) {
+    let (mut sink, mut stream) = socket.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUTGOING_CAPACITY);
+    let writer = async move {
+        let mut seq: u64 = 0;
+        while let Some(outgoing) = out_rx.recv().await {
+            let text = match outgoing {
+                Outgoing::Frame(frame) => frame.to_string(),
+                Outgoing::Event { event, payload } => {
+                    seq += 1;
+                    json!({"type": "event", "event": event, "payload": payload, "seq": seq})
+                        .to_string()
+                }
+                Outgoing::Close(code, reason) => {
+                    let frame = CloseFrame {
+                        code,
+                        reason: reason.into(),
+                    };
+                    let _ = sink.send(Message::Close(Some(frame))).await;
+                    break;
+                }
+            };
+            if sink.send(Message::Text(text.into())).await.is_err() {
+                break;
+            }
+        }
+    };
+    let writer = tokio::spawn(writer);
+    let limit = state.config.gateway.max_frame_bytes;
+    let mut conn = Conn {
+        connected: false,
+        bucket: Bucket::new(
+            state.config.gateway.rate_limit_burst,
+            state.config.gateway.rate_limit_per_sec,
+            Instant::now(),
+        ),
+    };
+    let in_flight = TaskTracker::new();
+    let shutdown = state.shutdown.clone();
+    loop {
+        let next = tokio::select! {
+            () = shutdown.cancelled() => {
+                let _ = out_tx.send(Outgoing::Close(close_code::AWAY, "gateway shutting down".into())).await;
+                break;
+            }
+            next = stream.next() => next,
+        };
+        let text = match next {
+            Some(Ok(Message::Text(text))) => text.to_string(),
+            Some(Ok(Message::Binary(bytes))) => {
+                if bytes.len() > limit {
+                    refuse_oversized(&out_tx, bytes.len(), limit).await;
+                    break;
+                }
+                let _ = out_tx
+                    .send(err(
+                        &Value::Null,
+                        &RequestError::InvalidRequest("frames must be JSON text".into()),
+                    ))
+                    .await;
+                continue;
+            }
+            Some(Ok(Message::Close(_))) | None => break,
+            Some(Ok(_)) => continue, // ping/pong: answered by the transport
+            Some(Err(error)) => {
+                // Frames past the transport's hard limit end here; say why before closing.
+                tracing::debug!(%error, "websocket read failed");
+                let _ = out_tx
+                    .send(Outgoing::Close(
+                        close_code::SIZE,
+                        "frame too large or malformed".into(),
+                    ))
+                    .await;
+                break;
+            }
+        };
+        if text.len() > limit {
+            refuse_oversized(&out_tx, text.len(), limit).await;
+            break;
+        }
+        match conn.accept(&text, peer, &state) {
+            Accepted::Reply(outgoing) => {
+                let _ = out_tx.send(outgoing).await;
+            }
+            Accepted::Refuse(outgoing) => {
+                let _ = out_tx.send(outgoing).await;
+                let _ = out_tx
+                    .send(Outgoing::Close(close_code::POLICY, "unauthorized".into()))
+                    .await;
+                break;
+            }
+            Accepted::Call { id, method, params } => {
+                let (state, out_tx) = (state.clone(), out_tx.clone());
+                in_flight.spawn(
+                    async move { methods::call(&state, id, &method, params, out_tx).await }
+                        .in_current_span(),
+                );
+            }
+        }
+    }
+    // Runs started here keep going to their end so their answers are stored for a repeat.
+    drop(out_tx);
+    in_flight.close();
+    in_flight.wait().await;
+    let _ = writer.await;
+}
+
+async fn refuse_oversized(out_tx: &mpsc::Sender<Outgoing>, size: usize, limit: usize) {
+    let error = RequestError::FrameTooLarge { size, limit };
+    let _ = out_tx.send(err(&Value::Null, &error)).await;
+    let _ = out_tx
+        .send(Outgoing::Close(close_code::SIZE, error.to_string()))
+        .await;
+}
+
+/// The state of one connection's reader.
+struct Conn {
+    connected: bool,
+    bucket: Bucket,
+}
+
+enum Accepted {
+    /// Answer at once.
+    Reply(Outgoing),
+    /// Answer, then close the connection.
+    Refuse(Outgoing),
+    /// Run the method.
+    Call {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+}
+
+impl Conn {
+    fn accept(&mut self, text: &str, peer: SocketAddr, state: &AppState) -> Accepted {
+        let frame: Value = match serde_json::from_str(text) {
+            Ok(frame) => frame,
+            Err(error) => {
+                let error = RequestError::InvalidRequest(format!("frame is not JSON: {error}"));
+                return Accepted::Reply(err(&Value::Null, &error));
+            }
+        };
+        let id = frame.get("id").cloned().unwrap_or(Value::Null);
+        if frame.get("type").and_then(Value::as_str) != Some("req") {
+            let error = RequestError::InvalidRequest("expected a frame of type \"req\"".into());
+            return Accepted::Reply(err(&id, &error));
+        }
+        let Some(method) = frame.get("method").and_then(Value::as_str) else {
+            let error = RequestError::InvalidRequest("a request needs a method".into());
+            return Accepted::Reply(err(&id, &error));
+        };
+        if id.is_null() {
+            let error = RequestError::InvalidRequest("a request needs an id".into());
+            return Accepted::Reply(err(&id, &error));
+        }
+        if !self.bucket.take(Instant::now()) {
+            let error = RequestError::RateLimited {
+                per_sec: state.config.gateway.rate_limit_per_sec,
+            };
+            return Accepted::Reply(err(&id, &error));
+        }
+        let params = frame.get("params").cloned().unwrap_or(Value::Null);
+        if method == "connect" {
+            if self.connected {
+                let error = RequestError::InvalidRequest("already connected".into());
+                return Accepted::Reply(err(&id, &error));
+            }
+            let token = params
+                .pointer("/auth/token")
+                .or_else(|| params.get("token"))
+                .and_then(Value::as_str);
+            return match state.authorize(peer, token) {
+                Ok(()) => {
+                    self.connected = true;
+                    Accepted::Reply(ok(&id, hello(state)))
+                }
+                Err(error) => Accepted::Refuse(err(&id, &error)),
+            };
+        }
+        if !self.connected {
+            return Accepted::Reply(err(&id, &RequestError::NotConnected));
+        }
+        Accepted::Call {
+            id,
+            method: method.to_owned(),
+            params,
+        }
+    }
+}
+
+fn hello(state: &AppState) -> Value {
+    let settings = &state.config.gateway;
+    json!({
+        "type": "hello-ok",
+        "protocol": PROTOCOL,
+        "server": {"name": "agentloop-gateway", "version": env!("CARGO_PKG_VERSION")},
+        "features": {"methods": methods::METHODS, "events": ["agent", "chat"]},
+        "policy": {
+            "maxFrameBytes": settings.max_frame_bytes,
+            "rateLimitPerSec": settings.rate_limit_per_sec,
+            "rateLimitBurst": settings.rate_limit_burst,
+        },
+    })
+}
+
+/// A token bucket: `burst` requests at once, refilled at `per_sec`.
+struct Bucket {
+    tokens: f64,
+    burst: f64,
+    per_sec: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(burst: u32, per_sec: u32, now: Instant) -> Self {
+        let burst = f64::from(burst.max(1));
+        Self {
+            tokens: burst,
+            burst,
+            per_sec: f64::from(per_sec),
+            at: now,
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.per_sec).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_bucket_allows_a_burst_then_refills_at_its_rate() {
+        let start = Instant::now();
+        let mut bucket = Bucket::new(3, 2, start);
+        assert!(bucket.take(start));
+        assert!(bucket.take(start));
+        assert!(bucket.take(start));
+        assert!(!bucket.take(start));
+        assert!(bucket.take(start + Duration::from_millis(500)));
+        assert!(!bucket.take(start + Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn error_frames_carry_code_message_and_the_request_id() {
+        let Outgoing::Frame(frame) = err(&json!("7"), &RequestError::NotConnected) else {
+            panic!("not a frame");
+        };
+        assert_eq!(frame["id"], "7");
+        assert_eq!(frame["ok"], false);
+        assert_eq!(frame["error"]["code"], "NOT_CONNECTED");
+        assert_eq!(frame["error"]["message"], "call connect first");
+    }
+}

@@ -1,0 +1,249 @@
+//! What the gateway needs: session management (list, reset, patch) and dispatch records, which
+//! make a repeated idempotency key return the first answer on every gateway replica.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{Store, error::translate};
+use crate::MemoryError;
+
+/// A session with its settings and usage.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct SessionInfo {
+    /// The id the memory service assigned.
+    pub id: Uuid,
+    /// The client's session key.
+    pub key: String,
+    /// The agent serving the session.
+    pub agent_id: String,
+    /// The channel the session was first seen on.
+    pub channel: Option<String>,
+    /// A model chosen for this session.
+    pub model_override: Option<String>,
+    /// The session's queue mode.
+    pub queue_mode: Option<String>,
+    /// The session's thinking level.
+    pub thinking_level: Option<String>,
+    /// Prompt tokens used so far.
+    pub input_tokens: i64,
+    /// Completion tokens used so far.
+    pub output_tokens: i64,
+    /// When the session was first seen.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Transcript entries removed by a reset (0 otherwise).
+    pub cleared_entries: i64,
+}
+
+/// A session's settings to change: `None` keeps a setting, `Some("")` clears it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionPatch {
+    /// The model override.
+    pub model_override: Option<String>,
+    /// The queue mode.
+    pub queue_mode: Option<String>,
+    /// The thinking level.
+    pub thinking_level: Option<String>,
+}
+
+/// A client request as recorded by the gateway, with the state of the run processing it.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Dispatch {
+    /// The client's session key.
+    pub session_key: String,
+    /// The client's idempotency key.
+    pub idempotency_key: String,
+    /// The run id the gateway gave the client.
+    pub run_handle: Uuid,
+    /// The session.
+    pub session_id: Uuid,
+    /// `accepted`, `ok` or `error`.
+    pub status: String,
+    /// The first answer, once stored.
+    pub text: Option<String>,
+    /// The error of a failed answer.
+    pub error: Option<String>,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// When it is forgotten.
+    pub expires_at: DateTime<Utc>,
+    /// The run processing it, once one started.
+    pub run_id: Option<Uuid>,
+    /// That run's status.
+    pub run_status: Option<String>,
+    /// That run's error.
+    pub run_error: Option<String>,
+    /// That run's last assistant entry.
+    pub run_answer: Option<String>,
+}
+
+/// How a dispatch is looked up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DispatchLookup {
+    /// By the gateway's run handle or by the id of its run.
+    Run(Uuid),
+    /// By (session key, idempotency key).
+    Keys {
+        /// The session key.
+        session_key: String,
+        /// The idempotency key.
+        idempotency_key: String,
+    },
+}
+
+impl Store {
+    /// Returns up to `limit` sessions, most recently updated first, only `agent_id`'s when set.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn list_sessions(
+        &self,
+        limit: u32,
+        agent_id: Option<&str>,
+    ) -> Result<Vec<SessionInfo>, MemoryError> {
+        sqlx::query_as::<_, SessionInfo>(include_str!("queries/list_sessions.sql"))
+            .bind(i64::from(limit))
+            .bind(agent_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
+    /// Clears the transcript of the session keyed `key`; its id and settings stay.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidArgument`] when no session has that key, or a database error.
+    pub async fn reset_session(&self, key: &str) -> Result<SessionInfo, MemoryError> {
+        sqlx::query_as::<_, SessionInfo>(include_str!("queries/reset_session.sql"))
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| translate(err, Uuid::nil()))?
+            .ok_or_else(|| unknown_key(key))
+    }
+
+    /// Changes the settings of the session keyed `key`.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidArgument`] when no session has that key, or a database error.
+    pub async fn patch_session(
+        &self,
+        key: &str,
+        patch: &SessionPatch,
+    ) -> Result<SessionInfo, MemoryError> {
+        sqlx::query_as::<_, SessionInfo>(include_str!("queries/patch_session.sql"))
+            .bind(key)
+            .bind(patch.model_override.is_some())
+            .bind(patch.model_override.as_deref().unwrap_or_default())
+            .bind(patch.queue_mode.is_some())
+            .bind(patch.queue_mode.as_deref().unwrap_or_default())
+            .bind(patch.thinking_level.is_some())
+            .bind(patch.thinking_level.as_deref().unwrap_or_default())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| translate(err, Uuid::nil()))?
+            .ok_or_else(|| unknown_key(key))
+    }
+
+    /// Records a dispatch under `run_handle` and returns `(created, record)`: `created` is false
+    /// when a live record for the same keys exists, and that record is returned instead.
+    ///
+    /// # Errors
+    /// [`MemoryError::SessionNotFound`] for an unknown session, or a database error.
+    pub async fn begin_dispatch(
+        &self,
+        session_key: &str,
+        idempotency_key: &str,
+        run_handle: Uuid,
+        session_id: Uuid,
+        ttl: Duration,
+    ) -> Result<(bool, Dispatch), MemoryError> {
+        // Expired records are swept here, a bounded batch at a time, rather than by a timer
+        // every memory replica would have to coordinate.
+        sqlx::query(include_str!("queries/sweep_dispatches.sql"))
+            .execute(&self.pool)
+            .await
+            .map_err(|err| translate(err, session_id))?;
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let inserted = sqlx::query_scalar::<_, Uuid>(include_str!("queries/begin_dispatch.sql"))
+            .bind(session_key)
+            .bind(idempotency_key)
+            .bind(run_handle)
+            .bind(session_id)
+            .bind(ttl_ms as f64)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| translate(err, session_id))?;
+        let lookup = DispatchLookup::Keys {
+            session_key: session_key.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+        };
+        let record = self
+            .get_dispatch(&lookup)
+            .await?
+            .ok_or_else(|| MemoryError::InvalidArgument("dispatch vanished".to_owned()))?;
+        Ok((inserted.is_some(), record))
+    }
+
+    /// Returns a live dispatch record with its run's state, if there is one.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn get_dispatch(
+        &self,
+        lookup: &DispatchLookup,
+    ) -> Result<Option<Dispatch>, MemoryError> {
+        let (run, session_key, idempotency_key) = match lookup {
+            DispatchLookup::Run(id) => (Some(*id), None, None),
+            DispatchLookup::Keys {
+                session_key,
+                idempotency_key,
+            } => (
+                None,
+                Some(session_key.as_str()),
+                Some(idempotency_key.as_str()),
+            ),
+        };
+        sqlx::query_as::<_, Dispatch>(include_str!("queries/get_dispatch.sql"))
+            .bind(run)
+            .bind(session_key)
+            .bind(idempotency_key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
+    /// Stores the outcome of the dispatch `run_handle` unless one is stored already, and returns
+    /// the record.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidArgument`] when the record does not exist, or a database error.
+    pub async fn complete_dispatch(
+        &self,
+        run_handle: Uuid,
+        status: &str,
+        text: &str,
+        error: Option<&str>,
+    ) -> Result<Dispatch, MemoryError> {
+        sqlx::query(include_str!("queries/complete_dispatch.sql"))
+            .bind(run_handle)
+            .bind(status)
+            .bind(text)
+            .bind(error)
+            .execute(&self.pool)
+            .await
+            .map_err(|err| translate(err, Uuid::nil()))?;
+        self.get_dispatch(&DispatchLookup::Run(run_handle))
+            .await?
+            .ok_or_else(|| {
+                MemoryError::InvalidArgument(format!("no live dispatch with handle {run_handle}"))
+            })
+    }
+}
+
+fn unknown_key(key: &str) -> MemoryError {
+    MemoryError::InvalidArgument(format!("no session with key {key:?}"))
+}

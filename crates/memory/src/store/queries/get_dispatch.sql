@@ -1,0 +1,25 @@
+-- Finds the record by run handle, by the id of its run, or (when $1 is NULL) by its keys, and
+-- joins the run that processes it and the run's last assistant entry.
+WITH target AS (
+    (SELECT session_key, idempotency_key FROM dispatches WHERE run_handle = $1)
+    UNION ALL
+    (SELECT d.session_key, d.idempotency_key
+     FROM runs AS r
+     JOIN dispatches AS d ON d.session_id = r.session_id AND d.idempotency_key = r.idempotency_key
+     WHERE r.id = $1)
+    UNION ALL
+    (SELECT $2::text, $3::text WHERE $1::uuid IS NULL)
+    LIMIT 1
+)
+SELECT d.session_key, d.idempotency_key, d.run_handle, d.session_id, d.status, d.text, d.error,
+       d.created_at, d.expires_at,
+       r.id AS run_id, r.status AS run_status, r.error AS run_error,
+       (SELECT t.content
+        FROM transcript_entries AS t
+        WHERE t.session_id = r.session_id AND t.run_id = r.id AND t.role = 'assistant'
+        ORDER BY t.seq DESC
+        LIMIT 1) AS run_answer
+FROM target
+JOIN dispatches AS d USING (session_key, idempotency_key)
+LEFT JOIN runs AS r ON r.session_id = d.session_id AND r.idempotency_key = d.idempotency_key
+WHERE d.expires_at >= now()
