@@ -8,6 +8,8 @@ cd "$REPO_ROOT"
 ensure_nats_server
 ensure_postgres
 ensure_nextest
+# Chromium and the pinned Python clients (openai, playwright) for the gateway's client tests.
+bash tests/python/setup.sh
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 log "nats-server: $("$NATS_SERVER_BIN" --version), postgres: $DATABASE_URL"
 cargo nextest run --workspace --locked "$@"

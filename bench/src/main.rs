@@ -218,6 +218,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         tck,
         mem_sessions: plan.mem_sessions,
         mem_active: plan.mem_active,
+        planned_lat1: plan.lat1,
         ..Default::default()
     };
     step(&format!(

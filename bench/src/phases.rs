@@ -275,12 +275,12 @@ pub async fn hop_rows(
                 extract(epoch FROM i.enqueued_at)::float8 * 1e6, \
                 extract(epoch FROM r.started_at)::float8 * 1e6, \
                 extract(epoch FROM r.finished_at)::float8 * 1e6, \
-                extract(epoch FROM tu.created_at)::float8 * 1e6, \
-                extract(epoch FROM ta.created_at)::float8 * 1e6 \
+                (SELECT extract(epoch FROM min(t.created_at))::float8 * 1e6 FROM transcript_entries t \
+                  WHERE t.session_id = r.session_id AND t.run_id = r.id AND t.role = 'user'), \
+                (SELECT extract(epoch FROM max(t.created_at))::float8 * 1e6 FROM transcript_entries t \
+                  WHERE t.session_id = r.session_id AND t.run_id = r.id AND t.role = 'assistant') \
          FROM runs r \
          JOIN session_inbox i ON i.seq = r.inbox_seq \
-         LEFT JOIN transcript_entries tu ON tu.session_id = r.session_id AND tu.entry_key = r.id::text || ':user' \
-         LEFT JOIN transcript_entries ta ON ta.session_id = r.session_id AND ta.entry_key = r.id::text || ':assistant' \
          WHERE r.idempotency_key LIKE $1",
     )
     .bind(format!("{phase}-%"))

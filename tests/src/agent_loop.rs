@@ -849,3 +849,100 @@ async fn send_message_delivers_once_and_the_final_reply_is_not_duplicated() {
     assert_eq!(delivered, vec!["hello via tool", "echo: next"]);
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_stop_command_aborts_the_live_run() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut events = sandbox
+        .client
+        .subscribe(sandbox.subject("events.*.*"))
+        .await
+        .unwrap();
+    let mut replies = sandbox
+        .client
+        .subscribe(sandbox.subject("deliver.>"))
+        .await
+        .unwrap();
+    sandbox
+        .publish_json(
+            "cli",
+            json!({"sessionKey": "stopme", "text": "long [[delay_ms:8000]]"}),
+        )
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(WAIT, events.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        agentloop_bus::decode::<SystemEvent>(&first)
+            .unwrap()
+            .0
+            .phase,
+        "start"
+    );
+
+    sandbox
+        .publish_json("cli", json!({"sessionKey": "stopme", "text": "/stop"}))
+        .await
+        .unwrap();
+
+    let run = collect_run_events(&mut events, WAIT).await.unwrap();
+    let data: Value = serde_json::from_str(&run.last().unwrap().data).unwrap();
+    assert_eq!(data["reason"], "aborted");
+    let mut texts = vec![
+        next_reply(&mut replies, WAIT).await.unwrap().text,
+        next_reply(&mut replies, WAIT).await.unwrap().text,
+    ];
+    texts.sort();
+    assert_eq!(texts, vec!["Stopped.", "Stopping the current run."]);
+    let pool = sandbox.pool().await.unwrap();
+    let status: String = sqlx::query_scalar("SELECT status FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "aborted");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_long_tool_call_emits_update_events_between_start_and_result() {
+    let log = Log::default();
+    let sandbox = Sandbox::start_with(SandboxOptions {
+        runner: Some(Box::new(|config| {
+            config.runner.tool_update_interval_ms = 150
+        })),
+        ..with_tools(vec![probe("slow", false, 700, &log)])
+    })
+    .await
+    .unwrap();
+    sandbox
+        .fake
+        .push_script(ScriptedReply::tool_call("slow", json!({})));
+    sandbox.fake.push_script(ScriptedReply::text("done"));
+    let mut events = sandbox
+        .client
+        .subscribe(sandbox.subject("events.*.*"))
+        .await
+        .unwrap();
+
+    sandbox
+        .publish_json("cli", json!({"sessionKey": "upd", "text": "go"}))
+        .await
+        .unwrap();
+
+    let mut run = collect_run_events(&mut events, WAIT).await.unwrap();
+    run.sort_by_key(|e| e.seq);
+    let phases: Vec<&str> = run
+        .iter()
+        .filter(|e| e.stream == "tool")
+        .map(|e| e.phase.as_str())
+        .collect();
+    assert_eq!(phases.first(), Some(&"start"));
+    assert_eq!(phases.last(), Some(&"result"));
+    assert!(
+        phases.iter().filter(|p| **p == "update").count() >= 2,
+        "{phases:?}"
+    );
+    sandbox.shutdown().await.unwrap();
+}

@@ -109,6 +109,8 @@ pub struct RunnerSettings {
     pub tool_timeout_ms: u64,
     /// Arguments and results in tool events are cut to this many bytes.
     pub tool_event_max_bytes: usize,
+    /// A running tool emits an `update` event this often.
+    pub tool_update_interval_ms: u64,
     /// External hooks (`[[runner.hooks]]`: point, subject, timeout_ms, fail_open).
     pub hooks: Vec<crate::hooks::ExternalHookConfig>,
 }
@@ -131,6 +133,7 @@ impl Default for RunnerSettings {
             max_turns: 24,
             tool_timeout_ms: 60_000,
             tool_event_max_bytes: 4_096,
+            tool_update_interval_ms: 5_000,
             hooks: Vec::new(),
         }
     }

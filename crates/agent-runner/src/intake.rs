@@ -272,14 +272,29 @@ async fn lane(shared: Arc<Shared>, mut rx: mpsc::Receiver<(jetstream::Message, R
 }
 
 async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunCommand) {
-    let kind = match command.queue_mode.as_str() {
-        "steer" | "collect" | "interrupt" | "followup" => command.queue_mode.clone(),
+    // The message's mode, else the session's (both set by the router), else the agent's default.
+    let agent_id = if command.agent_id.is_empty() {
+        "main"
+    } else {
+        command.agent_id.as_str()
+    };
+    let mode = if command.queue_mode.is_empty() {
+        shared
+            .agents
+            .get(agent_id)
+            .map(|agent| agent.queue_mode.clone())
+            .unwrap_or_default()
+    } else {
+        command.queue_mode.clone()
+    };
+    let kind = match mode.as_str() {
+        "steer" | "collect" | "interrupt" | "followup" => mode.clone(),
         _ => "user".to_owned(),
     };
     let request = EnqueueRequest {
         session_id: command.session_id.clone(),
         idempotency_key: command.idempotency_key.clone(),
-        kind,
+        kind: kind.clone(),
         payload: msg.payload.to_vec(),
     };
     let memory = shared.memory.clone();
@@ -311,7 +326,7 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
     if let Err(err) = msg.double_ack().await {
         tracing::warn!(error = %err, "ack failed; a redelivery will be absorbed by the inbox");
     }
-    let action = match command.queue_mode.as_str() {
+    let action = match kind.as_str() {
         "interrupt" => "interrupt",
         _ => "wake",
     };

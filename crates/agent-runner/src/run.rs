@@ -453,13 +453,25 @@ impl RunCtx<'_> {
             .timeout()
             .unwrap_or(Duration::from_millis(self.shared.settings.tool_timeout_ms));
         let ctx = self.tool_context(&call.id);
-        match tokio::time::timeout(timeout, tool.call(&ctx, arguments)).await {
-            Ok(Ok(text)) => Ok(text),
-            Ok(Err(err)) => Err(err.0),
-            Err(_) => Err(format!(
-                "the tool did not answer within {} ms",
-                timeout.as_millis()
-            )),
+        let started = Instant::now();
+        let every = Duration::from_millis(self.shared.settings.tool_update_interval_ms.max(100));
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let work = tokio::time::timeout(timeout, tool.call(&ctx, arguments));
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                done = &mut work => return match done {
+                    Ok(Ok(text)) => Ok(text),
+                    Ok(Err(err)) => Err(err.0),
+                    Err(_) => Err(format!("the tool did not answer within {} ms", timeout.as_millis())),
+                },
+                // A long call tells watchers it is still alive.
+                _ = ticker.tick() => {
+                    self.events
+                        .tool("update", &call.name, &call.id, json!({ "status": "running", "elapsedMs": started.elapsed().as_millis() as u64 }))
+                        .await;
+                }
+            }
         }
     }
 

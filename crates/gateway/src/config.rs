@@ -62,7 +62,9 @@ pub struct GatewaySettings {
     /// Queue group shared by gateway replicas answering `agentloop.ask`.
     pub ask_queue_group: String,
     /// Tokens accepted by `/ws` `connect` and `Authorization: Bearer`; empty means only
-    /// loopback clients are served.
+    /// loopback clients are served. The environment gives them comma-separated
+    /// (`AGENTLOOP_GATEWAY__TOKENS=a,b`).
+    #[serde(deserialize_with = "list_or_commas")]
     pub tokens: Vec<String>,
     /// How long a client waits for a run's end when it names no timeout.
     pub run_timeout_ms: u64,
@@ -75,6 +77,7 @@ pub struct GatewaySettings {
     /// Requests one WebSocket connection may make in a burst.
     pub rate_limit_burst: u32,
     /// Agents listed by `GET /v1/models` (`main` is `agentloop`, others `agentloop/<id>`).
+    #[serde(deserialize_with = "list_or_commas")]
     pub agents: Vec<String>,
 }
 
@@ -95,9 +98,37 @@ impl Default for GatewaySettings {
     }
 }
 
+/// Reads a TOML list, or a comma-separated string (environment variables are strings).
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum ListOrCommas {
+        List(Vec<String>),
+        Commas(String),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        ListOrCommas::List(list) => list,
+        ListOrCommas::Commas(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_come_as_a_list_or_as_comma_separated_text() {
+        let listed: GatewaySettings = toml::from_str(r#"tokens = ["a", "b"]"#).unwrap();
+        assert_eq!(listed.tokens, ["a", "b"]);
+        let commas: GatewaySettings = toml::from_str(r#"tokens = "a, b,""#).unwrap();
+        assert_eq!(commas.tokens, ["a", "b"]);
+        assert_eq!(commas.agents, ["main"]);
+    }
 
     #[test]
     fn an_empty_allowlist_allows_any_model_and_a_set_one_only_its_members() {

@@ -180,7 +180,20 @@ async fn lane(mut ctx: Ctx, mut rx: mpsc::Receiver<Routed>) {
 
 async fn route_one(ctx: &mut Ctx, routed: Routed) {
     let Routed { msg, inbound, .. } = routed;
-    match publish_run(ctx, &msg, inbound).await {
+    // Retried here rather than handed back: a message handed back would lose its place behind
+    // the next messages of its session, which must stay in order.
+    let mut delay = Duration::from_millis(100);
+    let mut result = publish_run(ctx, &msg, inbound.clone()).await;
+    for _ in 0..8 {
+        if result.is_ok() {
+            break;
+        }
+        let _ = msg.ack_with(AckKind::Progress).await;
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+        result = publish_run(ctx, &msg, inbound.clone()).await;
+    }
+    match result {
         Ok(()) => {
             ctx.routed.inc();
             if let Err(err) = msg.ack().await {

@@ -154,6 +154,23 @@ impl Sandbox {
 
     /// Waits until every stream and durable consumer exists, i.e. every service is consuming.
     async fn wait_ready(&self) -> anyhow::Result<()> {
+        // Memory answers UNAVAILABLE until its database is migrated.
+        let channel = agentloop_telemetry::traced_channel(&self.memory_url)?;
+        let memory =
+            agentloop_proto::v1::session_service_client::SessionServiceClient::new(channel);
+        agentloop_testkit::wait_until("memory ready", Duration::from_secs(20), || {
+            let mut memory = memory.clone();
+            async move {
+                memory
+                    .get_history(agentloop_proto::v1::GetHistoryRequest {
+                        session_id: uuid::Uuid::nil().to_string(),
+                        limit: 1,
+                    })
+                    .await
+                    .ok()
+            }
+        })
+        .await?;
         let js = async_nats::jetstream::new(self.client.clone());
         let upper = self.prefix.to_uppercase();
         let wanted = [
