@@ -550,7 +550,12 @@ impl Report {
                 p.rate(),
                 t.p50,
                 t.p99,
-                stalled(&p.totals),
+                // Above 100 sessions a second-long wait is the queue of a saturated stack.
+                if p.concurrency > 100 {
+                    "—".to_owned()
+                } else {
+                    stalled(&p.totals).to_string()
+                },
                 p.cpu_ms_per_run(&STACK_GROUPS, self.tck),
                 self.stack_cores(p)
             );

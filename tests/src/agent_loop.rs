@@ -346,7 +346,7 @@ async fn steering_during_a_batch_skips_unstarted_calls_and_reaches_the_next_turn
         second.last().unwrap()["content"],
         "actually, stop after the first step"
     );
-    let pool = sandbox.pool().await.unwrap();
+    let pool = sandbox.finished_runs(1).await.unwrap();
     let runs: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM runs r JOIN sessions s ON s.id = r.session_id WHERE s.key = 'steer'",
     )
@@ -392,7 +392,7 @@ async fn a_follow_up_runs_after_the_live_run_in_the_same_execution() {
         next_reply(&mut replies, WAIT).await.unwrap().text,
         "echo: second"
     );
-    let pool = sandbox.pool().await.unwrap();
+    let pool = sandbox.finished_runs(2).await.unwrap();
     let runs =
         sqlx::query("SELECT epoch, owner, started_at, finished_at FROM runs ORDER BY started_at")
             .fetch_all(&pool)
@@ -464,7 +464,7 @@ async fn collect_merges_three_queued_messages_into_one_turn() {
         .map(|m| m["content"].as_str().unwrap())
         .collect();
     assert_eq!(tail, vec!["one", "two", "three"]);
-    let pool = sandbox.pool().await.unwrap();
+    let pool = sandbox.finished_runs(2).await.unwrap();
     let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
         .fetch_one(&pool)
         .await
@@ -896,7 +896,7 @@ async fn the_stop_command_aborts_the_live_run() {
     ];
     texts.sort();
     assert_eq!(texts, vec!["Stopped.", "Stopping the current run."]);
-    let pool = sandbox.pool().await.unwrap();
+    let pool = sandbox.finished_runs(1).await.unwrap();
     let status: String = sqlx::query_scalar("SELECT status FROM runs")
         .fetch_one(&pool)
         .await

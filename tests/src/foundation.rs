@@ -88,7 +88,7 @@ async fn a_json_inbound_message_streams_events_replies_once_and_is_persisted() {
     let second = next_reply(&mut replies, WAIT).await.unwrap();
     assert_eq!(second.text, "echo: again");
 
-    let pool = sandbox.pool().await.unwrap();
+    let pool = sandbox.finished_runs(2).await.unwrap();
     let sid = session_id(&pool, "cli:alice").await.unwrap();
     assert_eq!(run[0].session_id, sid);
     let rows = sqlx::query(
@@ -185,7 +185,7 @@ async fn one_session_runs_in_turn_while_two_sessions_run_at_once() {
     texts.sort();
     assert_eq!(texts, vec!["echo: a1", "echo: a2", "echo: b1"]);
 
-    let pool = sandbox.pool().await.unwrap();
+    let pool = sandbox.finished_runs(3).await.unwrap();
     let runs = sqlx::query(
         "SELECT s.key, r.started_at, r.finished_at FROM runs r JOIN sessions s ON s.id = r.session_id ORDER BY r.started_at",
     )
@@ -407,7 +407,7 @@ async fn a_model_server_that_is_down_gives_an_error_reply_not_a_hang() {
         !answer["error"].as_str().unwrap_or_default().is_empty(),
         "{answer}"
     );
-    let pool = sandbox.pool().await.unwrap();
+    let pool = sandbox.finished_runs(1).await.unwrap();
     let status: String = sqlx::query_scalar("SELECT status FROM runs")
         .fetch_one(&pool)
         .await

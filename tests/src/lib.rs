@@ -9,3 +9,5 @@ mod foundation;
 mod gateway;
 #[cfg(test)]
 mod harness;
+#[cfg(test)]
+mod recovery;

@@ -76,6 +76,13 @@ impl RunEvents {
         self.bus.emit_event(&event).await;
     }
 
+    /// Emits a compaction event (`start` or `end`).
+    pub(crate) async fn compaction(&self, phase: &str, data: serde_json::Value) {
+        let mut event = self.event("compaction", phase);
+        event.data = data.to_string();
+        self.bus.emit_event(&event).await;
+    }
+
     /// Cuts `text` to the configured event size, on a character boundary.
     pub(crate) fn cap(&self, text: &str) -> String {
         cap(text, self.max_bytes)

@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) bus: Bus,
     pub(crate) memory: Memory,
     pub(crate) models: ModelClient,
+    /// Profiles, fallbacks, thinking level and context windows for the recovery chain.
+    pub(crate) models_config: agentloop_model::ModelsConfig,
     pub(crate) settings: RunnerSettings,
     pub(crate) default_model: String,
     pub(crate) owner_id: String,
@@ -104,6 +106,7 @@ pub(crate) async fn serve(
         bus: bus.clone(),
         memory: SessionServiceClient::new(channel),
         models,
+        models_config: config.models.clone(),
         settings: config.runner.clone(),
         default_model: config.models.default_model.clone(),
         owner_id: owner_id.clone(),

@@ -15,6 +15,7 @@ mod intake;
 mod memory;
 mod owner;
 mod prompt;
+mod recovery;
 mod run;
 mod tools;
 

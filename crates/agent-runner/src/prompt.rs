@@ -31,6 +31,27 @@ fn message_tokens(message: &ChatMessage) -> usize {
     }
 }
 
+/// Estimates the tokens of a whole request.
+pub(crate) fn estimate_request(
+    messages: &[ChatMessage],
+    system: &str,
+    tools: &[ToolSpec],
+) -> usize {
+    estimate_tokens(system)
+        + tools
+            .iter()
+            .map(|t| {
+                estimate_tokens(&t.parameters.to_string()) + estimate_tokens(&t.description) + 8
+            })
+            .sum::<usize>()
+        + messages.iter().map(message_tokens).sum::<usize>()
+}
+
+/// Returns the message that stands for a compacted stretch of conversation.
+pub(crate) fn summary_message(summary: &str) -> ChatMessage {
+    ChatMessage::user(format!("[Summary of the earlier conversation]\n{summary}"))
+}
+
 /// Inputs of the system prompt.
 pub(crate) struct PromptParts<'a> {
     pub(crate) agent_id: &'a str,
@@ -74,6 +95,26 @@ pub(crate) fn system_prompt(parts: &PromptParts<'_>) -> String {
 /// Rebuilds the conversation from transcript entries. Tool calls that never got a result (a run
 /// cut short) get a synthetic one, except those of `open_run`, which is being resumed.
 pub(crate) fn conversation(entries: &[Entry], open_run: &str) -> Vec<ChatMessage> {
+    // The latest compaction summary stands for every entry up to the seq it covers.
+    let summary = entries.iter().rev().find(|e| e.role == "summary");
+    let through = summary
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s.data).ok())
+        .and_then(|d| d["throughSeq"].as_i64())
+        .unwrap_or(i64::MIN);
+    let kept: Vec<Entry> = entries
+        .iter()
+        .filter(|e| e.role != "summary" && (summary.is_none() || e.seq > through))
+        .cloned()
+        .collect();
+    let mut messages = Vec::with_capacity(kept.len() + 1);
+    if let Some(summary) = summary {
+        messages.push(summary_message(&summary.content));
+    }
+    messages.extend(conversation_of(&kept, open_run));
+    messages
+}
+
+fn conversation_of(entries: &[Entry], open_run: &str) -> Vec<ChatMessage> {
     let answered: HashSet<&str> = entries
         .iter()
         .filter(|e| e.role == "tool")
@@ -143,7 +184,7 @@ pub(crate) fn fit(
     system: &str,
     tools: &[ToolSpec],
     budget: usize,
-) {
+) -> usize {
     let fixed = estimate_tokens(system)
         + tools
             .iter()
@@ -165,6 +206,7 @@ pub(crate) fn fit(
         tracing::debug!(dropped = drop, "context trimmed to fit the model window");
         messages.drain(..drop);
     }
+    drop
 }
 
 #[cfg(test)]

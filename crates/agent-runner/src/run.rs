@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_model::{ChatMessage, ChatRequest, ModelRef, StreamEvent, ToolCall, Usage};
+use agentloop_model::{ChatMessage, ToolCall, Usage};
 use agentloop_proto::v1::{
     AppendEntriesRequest, Entry, FinishRunRequest, GetHistoryRequest, InboxItem, OutboundMessage,
     Run, RunCommand, TakeQueuedRequest,
@@ -25,6 +25,7 @@ use crate::hooks::HookPoint;
 use crate::intake::Shared;
 use crate::memory::with_retry;
 use crate::prompt;
+use crate::recovery::{AnsweredBy, Context};
 use crate::tools::{SentMessage, Tool, ToolContext, ToolSet};
 
 /// How a run ended.
@@ -33,6 +34,8 @@ struct Outcome {
     text: String,
     error: String,
     model: String,
+    provider: String,
+    profile: String,
     usage: Usage,
     turns: u32,
 }
@@ -44,6 +47,8 @@ impl Outcome {
             text: String::new(),
             error,
             model: model.to_owned(),
+            provider: String::new(),
+            profile: String::new(),
             usage: Usage::default(),
             turns: 0,
         }
@@ -51,21 +56,23 @@ impl Outcome {
 }
 
 /// Everything one run needs, shared by its tools.
-struct RunCtx<'a> {
-    shared: &'a Arc<Shared>,
+pub(crate) struct RunCtx<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
     session_id: &'a str,
     epoch: i64,
-    run: &'a Run,
+    pub(crate) run: &'a Run,
     command: &'a RunCommand,
-    agent: AgentConfig,
-    model_name: String,
+    pub(crate) agent: AgentConfig,
+    pub(crate) model_name: String,
     signals: &'a Arc<SessionSignals>,
-    events: RunEvents,
+    pub(crate) events: RunEvents,
     sends: Arc<Mutex<Vec<SentMessage>>>,
     /// Tool calls asked for and not answered yet: if the run is cut, they get synthetic results.
     open_calls: Mutex<Vec<(u32, ToolCall)>>,
-    usage: Mutex<Usage>,
+    pub(crate) usage: Mutex<Usage>,
     turns: std::sync::atomic::AtomicU32,
+    /// Who answered the last model turn (after fallbacks and profile switches).
+    pub(crate) answered: Mutex<AnsweredBy>,
 }
 
 /// A tool call's outcome.
@@ -131,6 +138,7 @@ pub(crate) async fn execute(
         open_calls: Mutex::new(Vec::new()),
         usage: Mutex::new(Usage::default()),
         turns: std::sync::atomic::AtomicU32::new(0),
+        answered: Mutex::new(AnsweredBy::default()),
     };
     async {
         ctx.events
@@ -196,22 +204,34 @@ pub(crate) async fn execute(
 
 impl RunCtx<'_> {
     fn cut(&self, status: &'static str, error: String) -> Outcome {
+        self.outcome(status, String::new(), error)
+    }
+
+    /// An outcome with the run's usage and who answered it.
+    fn outcome(&self, status: &'static str, text: String, error: String) -> Outcome {
         let usage = self.usage.lock().map(|u| *u).unwrap_or_default();
+        let by = self.answered.lock().map(|b| b.clone()).unwrap_or_default();
         Outcome {
             status,
-            text: String::new(),
+            text,
             error,
-            model: self.model_name.clone(),
+            model: if by.model.is_empty() {
+                self.model_name.clone()
+            } else {
+                by.model
+            },
+            provider: by.provider,
+            profile: by.profile,
             usage,
             turns: self.turns.load(std::sync::atomic::Ordering::SeqCst),
         }
     }
 
-    fn key(&self, suffix: &str) -> String {
+    pub(crate) fn key(&self, suffix: &str) -> String {
         format!("{}:{suffix}", self.run.id)
     }
 
-    async fn append(&self, entries: Vec<Entry>) -> Result<(), MemoryCallError> {
+    pub(crate) async fn append(&self, entries: Vec<Entry>) -> Result<(), MemoryCallError> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -532,10 +552,6 @@ impl RunCtx<'_> {
 /// Builds the context, then turns model answers and tool batches until a final answer.
 async fn converse(ctx: &RunCtx<'_>, item: &InboxItem) -> Result<Outcome, MemoryCallError> {
     let shared = ctx.shared;
-    let model = match ModelRef::parse(&ctx.model_name) {
-        Ok(model) => model,
-        Err(err) => return Ok(Outcome::failed("error", &ctx.model_name, err.to_string())),
-    };
     // Collected messages queued behind this one are merged into the same turn.
     let mut inputs = vec![(ctx.key("user"), ctx.command.text.clone())];
     if item.kind == "collect" {
@@ -564,6 +580,19 @@ async fn converse(ctx: &RunCtx<'_>, item: &InboxItem) -> Result<Outcome, MemoryC
     let history = history?;
     appended?;
     let mut messages = prompt::conversation(&history.entries, &ctx.run.id);
+    // What came before this run is what a compaction may summarize.
+    let first_of_run = history
+        .entries
+        .iter()
+        .position(|e| e.run_id == ctx.run.id)
+        .unwrap_or(history.entries.len());
+    let mut prior = prompt::conversation(&history.entries[..first_of_run], &ctx.run.id).len();
+    let prior_through_seq = history.entries[..first_of_run]
+        .iter()
+        .map(|e| e.seq)
+        .max()
+        .unwrap_or(0);
+    let mut compactions = 0;
     for (key, text) in &inputs {
         if !history.entries.iter().any(|e| &e.key == key) {
             messages.push(ChatMessage::user(text.clone()));
@@ -653,39 +682,35 @@ async fn converse(ctx: &RunCtx<'_>, item: &InboxItem) -> Result<Outcome, MemoryC
     let mut last_text = String::new();
     loop {
         if turn >= max_turns {
-            let usage = ctx.usage.lock().map(|u| *u).unwrap_or_default();
             let text = if last_text.trim().is_empty() {
                 format!("I stopped after {max_turns} model turns without reaching an answer.")
             } else {
                 last_text
             };
-            return Ok(Outcome {
-                status: "max_turns",
+            return Ok(ctx.outcome(
+                "max_turns",
                 text,
-                error: format!("the turn budget of {max_turns} was used up"),
-                model: ctx.model_name.clone(),
-                usage,
-                turns: turn,
-            });
+                format!("the turn budget of {max_turns} was used up"),
+            ));
         }
         turn += 1;
         ctx.turns.store(turn, std::sync::atomic::Ordering::SeqCst);
-        prompt::fit(&mut messages, &system, &specs, budget);
-        let request = ChatRequest {
-            model: model.clone(),
-            system: Some(system.clone()),
-            messages: messages.clone(),
-            tools: specs.clone(),
-            max_tokens: None,
+        let dropped = prompt::fit(&mut messages, &system, &specs, budget);
+        prior = prior.saturating_sub(dropped);
+        let mut cx = Context {
+            messages: &mut messages,
+            prior,
+            prior_through_seq,
+            system: &system,
+            tools: &specs,
+            compactions,
         };
-        let (text, calls) = match model_turn(ctx, &request).await {
-            Ok(answer) => answer,
-            Err(error) => {
-                return Ok(Outcome {
-                    turns: turn,
-                    ..Outcome::failed("error", &ctx.model_name, error)
-                });
-            }
+        let answer = ctx.answer(&mut cx).await?;
+        prior = cx.prior;
+        compactions = cx.compactions;
+        let (text, calls) = match answer {
+            Ok(answer) => (answer.text, answer.calls),
+            Err(error) => return Ok(ctx.outcome("error", String::new(), error)),
         };
         if !text.is_empty() {
             last_text = text.clone();
@@ -715,15 +740,7 @@ async fn converse(ctx: &RunCtx<'_>, item: &InboxItem) -> Result<Outcome, MemoryC
             };
             if steering.is_empty() {
                 ctx.append(vec![assistant]).await?;
-                let usage = ctx.usage.lock().map(|u| *u).unwrap_or_default();
-                return Ok(Outcome {
-                    status: "completed",
-                    text,
-                    error: String::new(),
-                    model: ctx.model_name.clone(),
-                    usage,
-                    turns: turn,
-                });
+                return Ok(ctx.outcome("completed", text, String::new()));
             }
             let mut entries = vec![assistant];
             for (seq, command) in &steering {
@@ -784,41 +801,6 @@ async fn persist_batch(
     Ok(())
 }
 
-/// One streamed model call: emits deltas, returns the text and the tool calls.
-async fn model_turn(
-    ctx: &RunCtx<'_>,
-    request: &ChatRequest,
-) -> Result<(String, Vec<ToolCall>), String> {
-    let Ok(_permit) = ctx.shared.model_slots.acquire().await else {
-        return Err("the runner is shutting down".to_owned());
-    };
-    let mut stream = ctx
-        .shared
-        .models
-        .stream(request)
-        .await
-        .map_err(|e| agentloop_bus::error_chain(&e))?;
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(StreamEvent::TextDelta(delta)) => {
-                ctx.events.delta(&delta).await;
-                text.push_str(&delta);
-            }
-            Ok(StreamEvent::ToolCall(call)) => calls.push(call),
-            Ok(StreamEvent::Done { usage, .. }) => {
-                if let Ok(mut total) = ctx.usage.lock() {
-                    total.input_tokens += usage.input_tokens;
-                    total.output_tokens += usage.output_tokens;
-                }
-            }
-            Err(err) => return Err(agentloop_bus::error_chain(&err)),
-        }
-    }
-    Ok((text, calls))
-}
-
 async fn finish(
     shared: &Arc<Shared>,
     session_id: &str,
@@ -837,6 +819,8 @@ async fn finish(
         model: outcome.model.clone(),
         input_tokens: outcome.usage.input_tokens,
         output_tokens: outcome.usage.output_tokens,
+        provider: outcome.provider.clone(),
+        profile: outcome.profile.clone(),
     };
     let memory = shared.memory.clone();
     with_retry("finish_run", || {

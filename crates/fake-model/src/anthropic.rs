@@ -23,6 +23,10 @@ pub(crate) fn error(failure: Failure) -> Response {
             "invalid_request_error",
             "prompt is too long: 210000 tokens > 200000 maximum",
         ),
+        Failure::UnsupportedThinking => (
+            "invalid_request_error",
+            "thinking with this budget is not supported by this model",
+        ),
     };
     let status =
         StatusCode::from_u16(failure.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -287,7 +287,36 @@ async fn handle(
     let parsed: Result<Value, _> = serde_json::from_slice(&body);
     let authorized = is_authorized(state.api_key(), protocol, &headers);
     let plan = match &parsed {
-        Ok(json) if authorized => Some(plan::plan(state, protocol, json)),
+        Ok(json) if authorized => {
+            let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+            let key = match protocol {
+                Protocol::OpenAi => header("authorization").and_then(|v| v.strip_prefix("Bearer ")),
+                Protocol::Anthropic => header("x-api-key"),
+            };
+            let thinking = match protocol {
+                Protocol::OpenAi => json
+                    .get("reasoning_effort")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                Protocol::Anthropic => json
+                    .pointer("/thinking/budget_tokens")
+                    .and_then(Value::as_u64)
+                    .map(|b| {
+                        match b {
+                            0..=1024 => "low",
+                            1025..=4096 => "medium",
+                            _ => "high",
+                        }
+                        .to_owned()
+                    }),
+            };
+            let model = json.get("model").and_then(Value::as_str);
+            // Knob failures come first so they never use up a scripted reply.
+            match state.knob_failure(key, model, thinking.as_deref()) {
+                Some(failure) => Some(plan::Plan::failed(failure)),
+                None => Some(plan::plan(state, protocol, json)),
+            }
+        }
         _ => None,
     };
     let json = parsed.as_ref().ok();

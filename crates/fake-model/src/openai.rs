@@ -33,6 +33,11 @@ pub(crate) fn error(failure: Failure) -> Response {
             "invalid_request_error",
             Some("context_length_exceeded"),
         ),
+        Failure::UnsupportedThinking => (
+            "Unsupported value: 'reasoning_effort' does not support this level with this model.",
+            "invalid_request_error",
+            Some("unsupported_value"),
+        ),
     };
     let status =
         StatusCode::from_u16(failure.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

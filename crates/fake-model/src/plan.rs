@@ -86,6 +86,11 @@ pub(crate) fn plan(state: &FakeModelState, protocol: Protocol, body: &Value) -> 
 }
 
 impl Plan {
+    /// Returns a plan that answers with `failure` at once.
+    pub(crate) fn failed(failure: Failure) -> Self {
+        Self::failure(failure, Duration::ZERO)
+    }
+
     fn failure(failure: Failure, chunk_delay: Duration) -> Self {
         Self {
             failure: Some(failure),

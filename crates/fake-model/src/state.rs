@@ -21,6 +21,8 @@ pub enum Failure {
     Server,
     /// 400, the prompt does not fit the model's context window.
     Overflow,
+    /// 400, the requested reasoning effort (thinking level) is not supported by the model.
+    UnsupportedThinking,
 }
 
 impl Failure {
@@ -40,7 +42,7 @@ impl Failure {
             Self::Auth => 401,
             Self::RateLimit => 429,
             Self::Server => 500,
-            Self::Overflow => 400,
+            Self::Overflow | Self::UnsupportedThinking => 400,
         }
     }
 }
@@ -150,6 +152,9 @@ struct Inner {
     script: Mutex<VecDeque<ScriptedReply>>,
     requests: Mutex<VecDeque<RecordedRequest>>,
     failure: Mutex<Option<Failure>>,
+    key_failures: Mutex<BTreeMap<String, Failure>>,
+    model_failures: Mutex<BTreeMap<String, Failure>>,
+    max_thinking: Mutex<Option<String>>,
     next_id: AtomicU64,
 }
 
@@ -172,6 +177,9 @@ impl FakeModelState {
                 script: Mutex::new(VecDeque::new()),
                 requests: Mutex::new(VecDeque::new()),
                 failure: Mutex::new(None),
+                key_failures: Mutex::new(BTreeMap::new()),
+                model_failures: Mutex::new(BTreeMap::new()),
+                max_thinking: Mutex::new(None),
                 next_id: AtomicU64::new(1),
             }),
         }
@@ -192,11 +200,67 @@ impl FakeModelState {
         *lock(&self.inner.failure) = failure;
     }
 
-    /// Clears the script queue, the request log and the failure knob.
+    /// Fails every request made with API key `key` (bearer or `x-api-key`), or stops (`None`).
+    pub fn fail_key(&self, key: &str, failure: Option<Failure>) {
+        let mut failures = lock(&self.inner.key_failures);
+        match failure {
+            Some(failure) => failures.insert(key.to_owned(), failure),
+            None => failures.remove(key),
+        };
+    }
+
+    /// Fails every request for model `model` (the body's `model` field), or stops (`None`).
+    pub fn fail_model(&self, model: &str, failure: Option<Failure>) {
+        let mut failures = lock(&self.inner.model_failures);
+        match failure {
+            Some(failure) => failures.insert(model.to_owned(), failure),
+            None => failures.remove(model),
+        };
+    }
+
+    /// Refuses thinking levels above `level` (`low` < `medium` < `high`); `None` accepts all.
+    pub fn set_max_thinking(&self, level: Option<&str>) {
+        *lock(&self.inner.max_thinking) = level.map(str::to_owned);
+    }
+
+    /// Clears the script queue, the request log and every failure knob.
     pub fn reset(&self) {
         lock(&self.inner.script).clear();
         lock(&self.inner.requests).clear();
         *lock(&self.inner.failure) = None;
+        lock(&self.inner.key_failures).clear();
+        lock(&self.inner.model_failures).clear();
+        *lock(&self.inner.max_thinking) = None;
+    }
+
+    /// Returns the failure the knobs impose on a request, before any script is consumed.
+    pub(crate) fn knob_failure(
+        &self,
+        key: Option<&str>,
+        model: Option<&str>,
+        thinking: Option<&str>,
+    ) -> Option<Failure> {
+        if let Some(key) = key
+            && let Some(failure) = lock(&self.inner.key_failures).get(key)
+        {
+            return Some(*failure);
+        }
+        if let Some(model) = model
+            && let Some(failure) = lock(&self.inner.model_failures).get(model)
+        {
+            return Some(*failure);
+        }
+        let rank = |level: &str| match level {
+            "low" => 1,
+            "medium" => 2,
+            _ => 3,
+        };
+        if let (Some(asked), Some(max)) = (thinking, lock(&self.inner.max_thinking).as_deref())
+            && rank(asked) > rank(max)
+        {
+            return Some(Failure::UnsupportedThinking);
+        }
+        None
     }
 
     pub(crate) fn record(&self, request: RecordedRequest) {

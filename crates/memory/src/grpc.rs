@@ -1,6 +1,7 @@
 //! The SessionService gRPC adapter: validates requests, calls the [`Store`] and maps
 //! [`MemoryError`]s onto a deliberately small set of status codes.
 
+mod cooldowns;
 mod gateway;
 
 use std::sync::{Arc, OnceLock};
@@ -301,6 +302,8 @@ impl SessionApi {
             model: non_empty(&req.model),
             input_tokens: parse_tokens("input_tokens", req.input_tokens)?,
             output_tokens: parse_tokens("output_tokens", req.output_tokens)?,
+            provider: non_empty(&req.provider),
+            profile: non_empty(&req.profile),
         };
         self.store()?
             .finish_run(session_id, req.epoch, &outcome)
@@ -489,6 +492,30 @@ impl SessionService for SessionApi {
         }
         .await;
         self.reply("TakeQueued", result)
+    }
+
+    async fn get_cooldowns(
+        &self,
+        request: Request<pb::GetCooldownsRequest>,
+    ) -> Result<Response<pb::GetCooldownsResponse>, Status> {
+        let result = cooldowns::get(self, request.into_inner()).await;
+        self.reply("GetCooldowns", result)
+    }
+
+    async fn report_profile_failure(
+        &self,
+        request: Request<pb::ReportProfileFailureRequest>,
+    ) -> Result<Response<pb::ProfileCooldown>, Status> {
+        let result = cooldowns::failure(self, request.into_inner()).await;
+        self.reply("ReportProfileFailure", result)
+    }
+
+    async fn report_profile_success(
+        &self,
+        request: Request<pb::ReportProfileSuccessRequest>,
+    ) -> Result<Response<pb::ReportProfileSuccessResponse>, Status> {
+        let result = cooldowns::success(self, request.into_inner()).await;
+        self.reply("ReportProfileSuccess", result)
     }
 }
 

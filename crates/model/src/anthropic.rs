@@ -76,6 +76,19 @@ pub(crate) fn request_body(req: &ChatRequest, default_max_tokens: u32) -> Value 
             .collect();
         body["tools"] = Value::Array(tools);
     }
+    if let Some(level) = &req.thinking {
+        // Anthropic takes a token budget, and max_tokens must leave room for the answer.
+        let budget: u32 = match level.as_str() {
+            "low" => 1_024,
+            "medium" => 4_096,
+            _ => 16_384,
+        };
+        body["thinking"] = serde_json::json!({"type": "enabled", "budget_tokens": budget});
+        let max = body["max_tokens"].as_u64().unwrap_or(0);
+        if max <= u64::from(budget) {
+            body["max_tokens"] = Value::from(budget + 4_096);
+        }
+    }
     body
 }
 

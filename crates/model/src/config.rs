@@ -20,6 +20,36 @@ pub struct ModelsConfig {
     pub connect_timeout_ms: u64,
     /// Output token cap sent when a request sets none (Anthropic requires one).
     pub max_tokens: u32,
+    /// Auth profiles (`[[models.profiles]]`): tried in order, a failing one cools down. With
+    /// none for a provider, its single configured key is its only profile.
+    pub profiles: Vec<AuthProfile>,
+    /// Models tried, in order, when the session's model fails for good (`provider/model`).
+    pub fallbacks: Vec<String>,
+    /// Reasoning effort requested by default (`low`, `medium`, `high`; empty for none).
+    pub thinking: String,
+    /// Known context windows in tokens, by `provider/model`; used to skip a model that is too
+    /// small before calling it.
+    pub context_windows: std::collections::BTreeMap<String, usize>,
+    /// First cooldown of a failing auth profile; doubles on each further failure.
+    pub cooldown_base_ms: u64,
+    /// Longest cooldown.
+    pub cooldown_max_ms: u64,
+}
+
+/// Credentials for one provider (`[[models.profiles]]`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthProfile {
+    /// A name for logs, the runs table and the cooldown store.
+    pub name: String,
+    /// `openai` or `anthropic`.
+    pub provider: String,
+    /// The key.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// A base URL other than the provider's configured one.
+    #[serde(default)]
+    pub base_url: Option<String>,
 }
 
 impl Default for ModelsConfig {
@@ -33,6 +63,12 @@ impl Default for ModelsConfig {
             request_timeout_ms: 120_000,
             connect_timeout_ms: 5_000,
             max_tokens: 4096,
+            profiles: Vec::new(),
+            fallbacks: Vec::new(),
+            thinking: String::new(),
+            context_windows: std::collections::BTreeMap::new(),
+            cooldown_base_ms: 1_000,
+            cooldown_max_ms: 300_000,
         }
     }
 }

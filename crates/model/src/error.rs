@@ -17,6 +17,8 @@ pub enum ErrorKind {
     Timeout,
     /// Server down, unreachable, overloaded or 5xx: retry later or fail over.
     Unavailable,
+    /// The model does not support the requested thinking (reasoning) level: lower it.
+    UnsupportedThinking,
     /// The request was rejected for another reason: retrying will not help.
     BadRequest,
     /// The response did not follow the provider's protocol.
@@ -250,6 +252,12 @@ fn is_overflow(code: Option<&str>, kind: Option<&str>, message: &str) -> bool {
     HINTS.iter().any(|hint| message.contains(hint))
 }
 
+fn is_unsupported_thinking(message: &str) -> bool {
+    let message = message.to_lowercase();
+    (message.contains("reasoning_effort") || message.contains("thinking"))
+        && (message.contains("not support") || message.contains("unsupported"))
+}
+
 fn classify(status: u16, code: Option<&str>, kind: Option<&str>, message: &str) -> ErrorKind {
     match status {
         401 | 403 => ErrorKind::Auth,
@@ -257,6 +265,7 @@ fn classify(status: u16, code: Option<&str>, kind: Option<&str>, message: &str) 
         408 => ErrorKind::Timeout,
         413 => ErrorKind::ContextOverflow,
         400..=499 if is_overflow(code, kind, message) => ErrorKind::ContextOverflow,
+        400..=499 if is_unsupported_thinking(message) => ErrorKind::UnsupportedThinking,
         400..=499 => ErrorKind::BadRequest,
         500..=599 => ErrorKind::Unavailable,
         _ => ErrorKind::Protocol,

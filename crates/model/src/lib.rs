@@ -17,12 +17,14 @@ mod types;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use config::AuthProfile;
 pub use config::ModelsConfig;
 pub use error::{ErrorKind, ModelError};
 pub use model_ref::{ModelRef, Provider};
 pub use stream::ModelStream;
 pub use types::{
-    ChatMessage, ChatRequest, ChatResponse, StopReason, StreamEvent, ToolCall, ToolSpec, Usage,
+    ChatMessage, ChatRequest, ChatResponse, Credential, StopReason, StreamEvent, ToolCall,
+    ToolSpec, Usage,
 };
 
 /// A pooled client for every provider; cheap to clone.
@@ -99,28 +101,48 @@ impl ModelClient {
     pub async fn stream(&self, req: &ChatRequest) -> Result<ModelStream, ModelError> {
         let inner = &*self.inner;
         let provider = req.model.provider;
+        let credential = req.credential.as_ref();
+        let override_url = credential.and_then(|c| c.base_url.as_deref());
         let (url, request) = match provider {
             Provider::OpenAi => {
                 let body = openai::request_body(req, None);
-                let mut request = inner.http.post(&inner.openai_url).json(&body);
-                if let Some(key) = &inner.openai_api_key {
+                let url = match override_url {
+                    Some(base) => format!("{}/chat/completions", base.trim_end_matches('/')),
+                    None => inner.openai_url.clone(),
+                };
+                let mut request = inner.http.post(&url).json(&body);
+                let key = credential
+                    .and_then(|c| c.api_key.as_ref())
+                    .or(inner.openai_api_key.as_ref());
+                if let Some(key) = key {
                     request = request.bearer_auth(key);
                 }
-                (&inner.openai_url, request)
+                (url, request)
             }
             Provider::Anthropic => {
                 let body = anthropic::request_body(req, inner.max_tokens);
+                let url = match override_url {
+                    Some(base) => {
+                        let base = base.trim_end_matches('/');
+                        format!("{}/v1/messages", base.strip_suffix("/v1").unwrap_or(base))
+                    }
+                    None => inner.anthropic_url.clone(),
+                };
                 let mut request = inner
                     .http
-                    .post(&inner.anthropic_url)
+                    .post(&url)
                     .header("anthropic-version", "2023-06-01")
                     .json(&body);
-                if let Some(key) = &inner.anthropic_api_key {
+                let key = credential
+                    .and_then(|c| c.api_key.as_ref())
+                    .or(inner.anthropic_api_key.as_ref());
+                if let Some(key) = key {
                     request = request.header("x-api-key", key);
                 }
-                (&inner.anthropic_url, request)
+                (url, request)
             }
         };
+        let url = &url;
         let request = request.header(reqwest::header::ACCEPT, "text/event-stream");
         let timeout_ms = u64::try_from(inner.request_timeout.as_millis()).unwrap_or(u64::MAX);
         let timed_out = || ModelError::Timeout {

@@ -70,6 +70,9 @@ pub(crate) fn request_body(req: &ChatRequest, default_max_tokens: Option<u32>) -
     if let Some(max_tokens) = req.max_tokens.or(default_max_tokens) {
         body["max_tokens"] = Value::from(max_tokens);
     }
+    if let Some(level) = &req.thinking {
+        body["reasoning_effort"] = Value::from(level.as_str());
+    }
     body
 }
 

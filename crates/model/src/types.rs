@@ -17,6 +17,21 @@ pub struct ChatRequest {
     pub tools: Vec<ToolSpec>,
     /// Output token cap; the config's `max_tokens` when `None`.
     pub max_tokens: Option<u32>,
+    /// Reasoning effort (`low`, `medium`, `high`); `None` sends none.
+    #[serde(default)]
+    pub thinking: Option<String>,
+    /// Credentials for this call (an auth profile); `None` uses the configured default.
+    #[serde(default, skip_serializing)]
+    pub credential: Option<Credential>,
+}
+
+/// An auth profile's credentials for one call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credential {
+    /// API key (a bearer token for OpenAI-compatible servers, `x-api-key` for Anthropic).
+    pub api_key: Option<String>,
+    /// Base URL replacing the provider's configured one.
+    pub base_url: Option<String>,
 }
 
 /// One conversation message.

@@ -21,6 +21,8 @@ pub struct SandboxOptions {
     pub runner: Option<RunnerTweak>,
     /// In-process tools and hooks for the runner.
     pub extensions: agentloop_agent_runner::Extensions,
+    /// Runner replicas (owner ids `runner-0`, `runner-1`, ...); 0 means one.
+    pub runners: usize,
 }
 
 /// A running stack.
@@ -37,6 +39,7 @@ pub struct Sandbox {
     gateway_config: agentloop_gateway::GatewayConfig,
     gateway: Option<ServiceHandle<String>>,
     services: Vec<ServiceHandle<String>>,
+    runners: Vec<(String, ServiceHandle<String>)>,
 }
 
 fn handle<E: std::fmt::Debug + Send + 'static, F>(
@@ -111,10 +114,18 @@ impl Sandbox {
         if let Some(tweak) = options.runner {
             tweak(&mut runner);
         }
-        let extensions = options.extensions.clone();
-        services.push(handle("runner", move |t| {
-            agentloop_agent_runner::run_with(runner, t, extensions)
-        }));
+        let mut runners = Vec::new();
+        for i in 0..options.runners.max(1) {
+            let mut replica = runner.clone();
+            replica.runner.owner_id = format!("runner-{i}");
+            let extensions = options.extensions.clone();
+            runners.push((
+                replica.runner.owner_id.clone(),
+                handle("runner", move |t| {
+                    agentloop_agent_runner::run_with(replica, t, extensions)
+                }),
+            ));
+        }
 
         let delivery = agentloop_delivery::DeliveryConfig {
             bus: bus.clone(),
@@ -147,6 +158,7 @@ impl Sandbox {
             gateway_config: gateway,
             gateway: Some(gateway_handle),
             services,
+            runners,
         };
         sandbox.wait_ready().await?;
         Ok(sandbox)
@@ -243,10 +255,43 @@ impl Sandbox {
         self.db.pool().await
     }
 
+    /// Waits until `n` runs are finished: a reply is published just before its run is marked
+    /// finished, so a test that saw the reply may be a moment early.
+    pub async fn finished_runs(&self, n: i64) -> anyhow::Result<sqlx::PgPool> {
+        let pool = self.db.pool().await?;
+        agentloop_testkit::wait_until("runs finished", Duration::from_secs(20), || {
+            let pool = pool.clone();
+            async move {
+                let done: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM runs WHERE finished_at IS NOT NULL")
+                        .fetch_one(&pool)
+                        .await
+                        .ok()?;
+                (done >= n).then_some(())
+            }
+        })
+        .await?;
+        Ok(pool)
+    }
+
+    /// Stops one runner replica gracefully.
+    pub async fn stop_runner(&mut self, owner_id: &str) -> anyhow::Result<()> {
+        let index = self
+            .runners
+            .iter()
+            .position(|(id, _)| id == owner_id)
+            .with_context(|| format!("no runner {owner_id}"))?;
+        let (_, handle) = self.runners.remove(index);
+        handle.shutdown().await
+    }
+
     pub async fn shutdown(self) -> anyhow::Result<()> {
         // Stop in reverse start order so nothing is left waiting on a stopped dependency.
         if let Some(gateway) = self.gateway {
             gateway.shutdown().await?;
+        }
+        for (_, runner) in self.runners {
+            runner.shutdown().await?;
         }
         for service in self.services.into_iter().rev() {
             service.shutdown().await?;

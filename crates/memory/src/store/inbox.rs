@@ -172,6 +172,8 @@ impl Store {
             .bind(outcome.model.as_deref())
             .bind(outcome.input_tokens)
             .bind(outcome.output_tokens)
+            .bind(outcome.provider.as_deref())
+            .bind(outcome.profile.as_deref())
             .fetch_one(&self.pool)
             .await
             .map_err(|err| translate(err, session_id))?;

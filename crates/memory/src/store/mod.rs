@@ -2,6 +2,7 @@
 //! round trip) so the hot path stays cheap. Every write of a run is fenced by the lease epoch
 //! inside the statement that performs it.
 
+pub(crate) mod cooldowns;
 pub(crate) mod error;
 mod gateway;
 mod inbox;
@@ -256,6 +257,10 @@ pub struct RunOutcome {
     pub input_tokens: i64,
     /// Completion tokens used.
     pub output_tokens: i64,
+    /// The provider that answered.
+    pub provider: Option<String>,
+    /// The auth profile that answered.
+    pub profile: Option<String>,
 }
 
 /// Returns `None` for an empty string: proto3 has no null, the schema does.

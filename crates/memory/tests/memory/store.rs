@@ -28,6 +28,8 @@ fn outcome(run_id: Uuid, inbox_seq: i64, tokens: i64) -> RunOutcome {
         model: Some("fake/model".to_owned()),
         input_tokens: tokens,
         output_tokens: tokens * 2,
+        provider: Some("fake".to_owned()),
+        profile: None,
     }
 }
 

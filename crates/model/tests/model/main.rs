@@ -40,6 +40,8 @@ fn request(model: &str, messages: Vec<ChatMessage>) -> ChatRequest {
             parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
         }],
         max_tokens: None,
+        thinking: None,
+        credential: None,
     }
 }
 

@@ -22,7 +22,7 @@ WITH lease AS (
 ), finished AS (
     UPDATE runs AS r
     SET status = $5, finished_at = now(), error = $6, model = $7,
-        input_tokens = $8, output_tokens = $9
+        input_tokens = $8, output_tokens = $9, provider = $10, profile = $11
     FROM target
     WHERE r.id = target.id AND r.finished_at IS NULL
     RETURNING r.id

@@ -1,0 +1,384 @@
+//! The recovery chain of a failed model call, in order: context overflow → compact the history
+//! into a summary and retry (at most 3 times); auth, rate-limit or timeout → next auth profile
+//! of the provider, the failed one cooling down (in Postgres, so every replica honours it);
+//! unsupported thinking level → lower it; anything else → next model of the fallback chain;
+//! then a clear error. A model whose known context window is too small is skipped unasked.
+
+use std::collections::HashSet;
+
+use serde_json::json;
+
+use agentloop_model::{
+    ChatMessage, ChatRequest, Credential, ErrorKind, ModelError, ModelRef, StreamEvent, ToolCall,
+    ToolSpec,
+};
+use agentloop_proto::v1::{
+    Entry, GetCooldownsRequest, ReportProfileFailureRequest, ReportProfileSuccessRequest,
+};
+
+use crate::error::MemoryCallError;
+use crate::prompt;
+use crate::run::RunCtx;
+
+/// At most this many compactions per run.
+const MAX_COMPACTIONS: u32 = 3;
+
+/// What the model answered, and who answered it.
+pub(crate) struct Answer {
+    pub(crate) text: String,
+    pub(crate) calls: Vec<ToolCall>,
+}
+
+/// Who answered a run's last model turn.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AnsweredBy {
+    pub(crate) model: String,
+    pub(crate) provider: String,
+    pub(crate) profile: String,
+}
+
+/// The conversation a turn sends, with the part before this run that compaction may replace.
+pub(crate) struct Context<'m> {
+    pub(crate) messages: &'m mut Vec<ChatMessage>,
+    /// Messages before this run's input: what a compaction summarizes.
+    pub(crate) prior: usize,
+    /// The transcript seq the prior messages reach up to.
+    pub(crate) prior_through_seq: i64,
+    pub(crate) system: &'m str,
+    pub(crate) tools: &'m [ToolSpec],
+    pub(crate) compactions: u32,
+}
+
+/// One auth profile: a name and the credentials to send (`None`: the provider's configured key).
+struct Profile {
+    name: String,
+    credential: Option<Credential>,
+    /// Whether cooldowns apply: a provider with a single implicit profile has nothing to switch to.
+    tracked: bool,
+}
+
+fn lower(level: Option<String>) -> Option<String> {
+    match level.as_deref() {
+        Some("high") => Some("medium".to_owned()),
+        Some("medium") => Some("low".to_owned()),
+        _ => None,
+    }
+}
+
+impl RunCtx<'_> {
+    /// Calls the model with the recovery chain and streams deltas of the successful attempt.
+    pub(crate) async fn answer(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Result<Result<Answer, String>, MemoryCallError> {
+        let config = &self.shared.models_config;
+        let mut chain = vec![self.model_name.clone()];
+        for fallback in &config.fallbacks {
+            if !chain.contains(fallback) {
+                chain.push(fallback.clone());
+            }
+        }
+        let mut failures: Vec<String> = Vec::new();
+        for model_name in chain {
+            let model = match ModelRef::parse(&model_name) {
+                Ok(model) => model,
+                Err(err) => {
+                    failures.push(format!("{model_name}: {err}"));
+                    continue;
+                }
+            };
+            if let Some(window) = config.context_windows.get(&model_name) {
+                let needed = prompt::estimate_request(cx.messages, cx.system, cx.tools)
+                    + self.agent.reserve_tokens;
+                if *window < needed {
+                    tracing::warn!(model = %model_name, window, needed, "model skipped: its context window is too small");
+                    failures.push(format!("{model_name}: context window of {window} tokens is too small (about {needed} needed)"));
+                    continue;
+                }
+            }
+            let provider = model.provider.as_str().to_owned();
+            let profiles = self.usable_profiles(&provider).await;
+            if profiles.is_empty() {
+                failures.push(format!("{model_name}: every auth profile is cooling down"));
+                continue;
+            }
+            let mut thinking = (!config.thinking.is_empty()).then(|| config.thinking.clone());
+            let mut index = 0;
+            while index < profiles.len() {
+                let profile = &profiles[index];
+                let request = ChatRequest {
+                    model: model.clone(),
+                    system: Some(cx.system.to_owned()),
+                    messages: cx.messages.clone(),
+                    tools: cx.tools.to_vec(),
+                    max_tokens: None,
+                    thinking: thinking.clone(),
+                    credential: profile.credential.clone(),
+                };
+                let err = match self.stream_turn(&request).await {
+                    Ok(answer) => {
+                        if profile.tracked {
+                            self.profile_succeeded(&provider, &profile.name).await;
+                        }
+                        if let Ok(mut by) = self.answered.lock() {
+                            *by = AnsweredBy {
+                                model: model_name.clone(),
+                                provider: provider.clone(),
+                                profile: profile.name.clone(),
+                            };
+                        }
+                        return Ok(Ok(answer));
+                    }
+                    Err(err) => err,
+                };
+                let text = agentloop_bus::error_chain(&err);
+                tracing::warn!(model = %model_name, profile = %profile.name, kind = ?err.kind(), error = %text, "model call failed");
+                match err.kind() {
+                    ErrorKind::ContextOverflow if cx.compactions < MAX_COMPACTIONS => {
+                        cx.compactions += 1;
+                        if !self.compact(cx, &request).await? {
+                            failures
+                                .push(format!("{model_name}: {text} (nothing left to compact)"));
+                            break;
+                        }
+                    }
+                    ErrorKind::Auth | ErrorKind::RateLimit | ErrorKind::Timeout => {
+                        if profile.tracked {
+                            self.profile_failed(&provider, &profile.name, &text).await;
+                        }
+                        failures.push(format!("{model_name} ({}): {text}", profile.name));
+                        index += 1;
+                    }
+                    ErrorKind::UnsupportedThinking if thinking.is_some() => {
+                        let lowered = lower(thinking.take());
+                        tracing::info!(model = %model_name, thinking = ?lowered, "lowering the thinking level");
+                        thinking = lowered;
+                    }
+                    _ => {
+                        failures.push(format!("{model_name}: {text}"));
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(Err(format!("every model failed: {}", failures.join("; "))))
+    }
+
+    /// The provider's profiles in configured order, without those cooling down.
+    async fn usable_profiles(&self, provider: &str) -> Vec<Profile> {
+        let configured: Vec<Profile> = self
+            .shared
+            .models_config
+            .profiles
+            .iter()
+            .filter(|p| p.provider == provider)
+            .map(|p| Profile {
+                name: p.name.clone(),
+                credential: Some(Credential {
+                    api_key: p.api_key.clone(),
+                    base_url: p.base_url.clone(),
+                }),
+                tracked: true,
+            })
+            .collect();
+        if configured.is_empty() {
+            return vec![Profile {
+                name: "default".to_owned(),
+                credential: None,
+                tracked: false,
+            }];
+        }
+        let mut memory = self.shared.memory.clone();
+        let cooling: HashSet<String> = match memory
+            .get_cooldowns(GetCooldownsRequest {
+                provider: provider.to_owned(),
+            })
+            .await
+        {
+            Ok(response) => response
+                .into_inner()
+                .cooldowns
+                .into_iter()
+                .map(|c| c.profile)
+                .collect(),
+            Err(status) => {
+                // Without the shared view, trying every profile is better than trying none.
+                tracing::warn!(error = %status.message(), "cooldowns unavailable, trying every profile");
+                HashSet::new()
+            }
+        };
+        configured
+            .into_iter()
+            .filter(|p| !cooling.contains(&p.name))
+            .collect()
+    }
+
+    async fn profile_failed(&self, provider: &str, profile: &str, error: &str) {
+        let config = &self.shared.models_config;
+        let mut memory = self.shared.memory.clone();
+        let reported = memory
+            .report_profile_failure(ReportProfileFailureRequest {
+                provider: provider.to_owned(),
+                profile: profile.to_owned(),
+                error: error.to_owned(),
+                base_ms: config.cooldown_base_ms,
+                max_ms: config.cooldown_max_ms,
+            })
+            .await;
+        match reported {
+            Ok(cooldown) => {
+                let cooldown = cooldown.into_inner();
+                tracing::warn!(
+                    provider,
+                    profile,
+                    failures = cooldown.failures,
+                    "auth profile put in cooldown"
+                );
+            }
+            Err(status) => {
+                tracing::warn!(error = %status.message(), "could not record the profile's cooldown")
+            }
+        }
+    }
+
+    async fn profile_succeeded(&self, provider: &str, profile: &str) {
+        let mut memory = self.shared.memory.clone();
+        let _ = memory
+            .report_profile_success(ReportProfileSuccessRequest {
+                provider: provider.to_owned(),
+                profile: profile.to_owned(),
+            })
+            .await;
+    }
+
+    /// One streamed model call: emits deltas, returns the text and the tool calls.
+    async fn stream_turn(&self, request: &ChatRequest) -> Result<Answer, ModelError> {
+        let _permit = self.shared.model_slots.acquire().await;
+        let mut stream = self.shared.models.stream(request).await?;
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        while let Some(event) = stream.next().await {
+            match event? {
+                StreamEvent::TextDelta(delta) => {
+                    self.events.delta(&delta).await;
+                    text.push_str(&delta);
+                }
+                StreamEvent::ToolCall(call) => calls.push(call),
+                StreamEvent::Done { usage, .. } => {
+                    if let Ok(mut total) = self.usage.lock() {
+                        total.input_tokens += usage.input_tokens;
+                        total.output_tokens += usage.output_tokens;
+                    }
+                }
+            }
+        }
+        Ok(Answer { text, calls })
+    }
+
+    /// Replaces the conversation before this run with a summary, stored in the transcript so
+    /// later runs start from it. Returns false when there is nothing before this run to compact.
+    async fn compact(
+        &self,
+        cx: &mut Context<'_>,
+        failed: &ChatRequest,
+    ) -> Result<bool, MemoryCallError> {
+        let attempt = cx.compactions;
+        if cx.prior < 2 {
+            return Ok(false);
+        }
+        self.events
+            .compaction("start", json!({ "attempt": attempt, "messages": cx.prior }))
+            .await;
+        let transcript = render(&cx.messages[..cx.prior]);
+        let request = ChatRequest {
+            model: failed.model.clone(),
+            system: Some(
+                "You compress conversations. Summarize the conversation below in a few short \
+                 paragraphs: facts, decisions, open questions, anything the assistant must remember."
+                    .to_owned(),
+            ),
+            messages: vec![ChatMessage::user(transcript.clone())],
+            tools: Vec::new(),
+            max_tokens: Some(1_024),
+            thinking: None,
+            credential: failed.credential.clone(),
+        };
+        let summary = match self.shared.models.complete(&request).await {
+            Ok(response) if !response.text.trim().is_empty() => {
+                if let Ok(mut total) = self.usage.lock() {
+                    total.input_tokens += response.usage.input_tokens;
+                    total.output_tokens += response.usage.output_tokens;
+                }
+                response.text
+            }
+            Ok(_) | Err(_) => {
+                // A summary that loses detail beats no answer at all.
+                tracing::warn!("the model could not summarize; keeping the start of each message");
+                mechanical_summary(&cx.messages[..cx.prior])
+            }
+        };
+        self.append(vec![Entry {
+            key: self.key(&format!("compact:{attempt}")),
+            role: "summary".to_owned(),
+            content: summary.clone(),
+            run_id: self.run.id.clone(),
+            data: json!({ "throughSeq": cx.prior_through_seq }).to_string(),
+            ..Default::default()
+        }])
+        .await?;
+        let replaced = cx.prior;
+        cx.messages
+            .splice(..cx.prior, [prompt::summary_message(&summary)]);
+        cx.prior = 1;
+        self.events
+            .compaction("end", json!({ "attempt": attempt, "replacedMessages": replaced, "summaryChars": summary.len() }))
+            .await;
+        Ok(true)
+    }
+}
+
+fn render(messages: &[ChatMessage]) -> String {
+    let mut text = String::new();
+    for message in messages {
+        let line = match message {
+            ChatMessage::User { content } => format!("User: {content}\n"),
+            ChatMessage::Assistant {
+                content,
+                tool_calls,
+            } => {
+                let calls: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
+                if calls.is_empty() {
+                    format!("Assistant: {content}\n")
+                } else {
+                    format!("Assistant: {content} [called {}]\n", calls.join(", "))
+                }
+            }
+            ChatMessage::Tool { content, .. } => format!("Tool result: {content}\n"),
+        };
+        text.push_str(&line);
+    }
+    // The summarizer must fit where the conversation did not.
+    crate::events::cap(&text, 48_000)
+}
+
+fn mechanical_summary(messages: &[ChatMessage]) -> String {
+    let mut text = String::from("Earlier conversation (shortened):\n");
+    for line in render(messages).lines() {
+        text.push_str(&crate::events::cap(line, 200));
+        text.push('\n');
+    }
+    crate::events::cap(&text, 8_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thinking_levels_step_down_to_none() {
+        assert_eq!(lower(Some("high".into())).as_deref(), Some("medium"));
+        assert_eq!(lower(Some("medium".into())).as_deref(), Some("low"));
+        assert_eq!(lower(Some("low".into())), None);
+        assert_eq!(lower(None), None);
+    }
+}
