@@ -100,7 +100,7 @@ pub(crate) async fn listen(
                 .ok()
                 .and_then(|owned| owned.get(&session_id).cloned());
             if let Some(signals) = signals {
-                tracing::info!(session_id = %session_id, action = %control.action, reason = %control.reason, "control message");
+                tracing::debug!(session_id = %session_id, action = %control.action, reason = %control.reason, "control message");
                 signals.apply(&control.action);
             }
         }

@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     pub(crate) stopping: CancellationToken,
     /// Cancelled when the drain time is over: runs in flight are cut.
     pub(crate) hard_stop: CancellationToken,
+    /// Cancelled when the drain time is over: owners drop their run unfinished and hand the
+    /// session back, so another replica resumes it from its last persisted step.
+    pub(crate) abandon: CancellationToken,
     pub(crate) metrics: Metrics,
 }
 
@@ -128,6 +131,7 @@ pub(crate) async fn serve(
         tracker: TaskTracker::new(),
         stopping: CancellationToken::new(),
         hard_stop: CancellationToken::new(),
+        abandon: CancellationToken::new(),
         metrics: Metrics {
             runs_completed: health.counter(
                 "agentloop_runner_runs_completed_total",
@@ -195,14 +199,16 @@ pub(crate) async fn serve(
     }
     // Graceful stop: no new commands (unacked ones return to other replicas), owners finish the
     // run they are in and hand their sessions back; past the drain time runs are cut.
+    // Stopping first: commands still in the lanes go into their inboxes and are acked, but this
+    // replica claims none of them; the other replicas' sweepers do.
     ready.set(false);
+    shared.stopping.cancel();
     drop(lanes);
     drop(messages);
     intake_tasks.close();
     intake_tasks.wait().await;
     sweeper.abort();
     controls.abort();
-    shared.stopping.cancel();
     shared.tracker.close();
     let drain = Duration::from_millis(shared.settings.drain_timeout_ms);
     if tokio::time::timeout(drain, shared.tracker.wait())
@@ -213,7 +219,7 @@ pub(crate) async fn serve(
             drain_ms = drain.as_millis() as u64,
             "drain time over, cutting runs in flight"
         );
-        shared.hard_stop.cancel();
+        shared.abandon.cancel();
         shared.tracker.wait().await;
     }
     Ok(())
@@ -294,11 +300,19 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
         "steer" | "collect" | "interrupt" | "followup" => mode.clone(),
         _ => "user".to_owned(),
     };
+    // Claimed in the same call, after the input is committed: a holder releasing meanwhile
+    // either sees this input (and keeps going) or leaves the lease free for this claim.
     let request = EnqueueRequest {
         session_id: command.session_id.clone(),
         idempotency_key: command.idempotency_key.clone(),
         kind: kind.clone(),
         payload: msg.payload.to_vec(),
+        claim_owner: if shared.stopping.is_cancelled() {
+            String::new()
+        } else {
+            shared.owner_id.clone()
+        },
+        claim_ttl_ms: u32::try_from(shared.settings.lease_ttl_ms).unwrap_or(u32::MAX),
     };
     let memory = shared.memory.clone();
     let enqueued = with_retry("enqueue", || {
@@ -307,11 +321,12 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
         async move { memory.enqueue(request).await }
     })
     .await;
-    match enqueued {
+    let enqueued = match enqueued {
         Ok(response) => {
             if !response.inserted {
                 tracing::debug!("run command already in the inbox, redelivery absorbed");
             }
+            response
         }
         Err(MemoryCallError::Refused(reason)) => {
             reject(&shared.bus, &msg, &reason).await;
@@ -324,32 +339,78 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
                 .await;
             return;
         }
-    }
-    // The inbox row is durable now; a confirmed ack keeps redeliveries rare.
-    if let Err(err) = msg.double_ack().await {
+    };
+    // The inbox row is durable now. A plain ack: waiting for the server to confirm it would
+    // hold the session's next command, and a lost ack only brings a redelivery the inbox absorbs.
+    if let Err(err) = msg.ack().await {
         tracing::warn!(error = %err, "ack failed; a redelivery will be absorbed by the inbox");
+    }
+    if enqueued.claimed {
+        start_owner(shared, &command.session_id, enqueued.epoch);
+        return;
+    }
+    if request.claim_owner.is_empty() {
+        return;
     }
     let action = match kind.as_str() {
         "interrupt" => "interrupt",
         _ => "wake",
     };
-    try_own(shared, &command.session_id, action).await;
+    notify_owner(shared, &command.session_id, action, &enqueued.owner).await;
 }
 
-/// Claims the session unless this replica already owns it; otherwise tells the owner about
-/// the new input (`wake`) or that it must stop its live run first (`interrupt`).
-pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str, action: &str) {
-    if shared.stopping.is_cancelled() {
-        return;
+/// Starts the owner task of a session whose lease this replica just took.
+fn start_owner(shared: &Arc<Shared>, session_id: &str, epoch: i64) {
+    // A previous owner of this replica may still be exiting; the new signals replace its own,
+    // and it only ever removes the entry that is its own.
+    if let Ok(mut owned) = shared.owned.lock() {
+        owned.insert(session_id.to_owned(), Arc::new(SessionSignals::default()));
     }
+    shared.metrics.claims.inc();
+    let shared2 = shared.clone();
+    let session_id = session_id.to_owned();
+    shared.tracker.spawn(async move {
+        owner::own(shared2, session_id, epoch).await;
+    });
+}
+
+/// Tells the session's owner about new input (`wake`) or that it must stop its live run
+/// (`interrupt`): directly when it runs here, over the control subject otherwise.
+async fn notify_owner(shared: &Arc<Shared>, session_id: &str, action: &str, owner: &str) {
     let local = shared
         .owned
         .lock()
         .ok()
         .and_then(|owned| owned.get(session_id).cloned());
     if let Some(signals) = local {
-        // The owner keeps taking inputs until the inbox is empty, so it will see this one.
         signals.apply(action);
+        return;
+    }
+    let wake = ControlMessage {
+        session_id: session_id.to_owned(),
+        action: action.to_owned(),
+        reason: format!("input queued by {}", shared.owner_id),
+    };
+    tracing::debug!(owner, "session owned elsewhere, telling its owner");
+    let subject = shared.bus.subjects().control(session_id);
+    let _ = shared
+        .bus
+        .publish_fast(subject, &wake, agentloop_proto::Encoding::Proto)
+        .await;
+}
+
+/// Claims a session found by the sweeper unless this replica already owns it.
+pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str) {
+    if shared.stopping.is_cancelled() {
+        return;
+    }
+    let local = shared
+        .owned
+        .lock()
+        .map(|owned| owned.contains_key(session_id))
+        .unwrap_or(false);
+    if local {
+        // The owner keeps taking inputs until the inbox is empty.
         return;
     }
     let request = ClaimSessionRequest {
@@ -365,42 +426,9 @@ pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str, action: &str
     })
     .await;
     match claimed {
-        Ok(response) if response.claimed => {
-            let inserted = shared
-                .owned
-                .lock()
-                .map(|mut owned| {
-                    owned
-                        .insert(session_id.to_owned(), Arc::new(SessionSignals::default()))
-                        .is_none()
-                })
-                .unwrap_or(false);
-            if inserted {
-                shared.metrics.claims.inc();
-                let shared2 = shared.clone();
-                let session_id = session_id.to_owned();
-                shared.tracker.spawn(async move {
-                    owner::own(shared2, session_id, response.epoch).await;
-                });
-            }
-        }
-        Ok(response) => {
-            let wake = ControlMessage {
-                session_id: session_id.to_owned(),
-                action: action.to_owned(),
-                reason: format!("input queued by {}", shared.owner_id),
-            };
-            tracing::debug!(owner = %response.owner, "session owned elsewhere, waking its owner");
-            let subject = shared.bus.subjects().control(session_id);
-            let _ = shared
-                .bus
-                .publish_fast(subject, &wake, agentloop_proto::Encoding::Proto)
-                .await;
-        }
-        Err(err) => {
-            // The sweeper will find the session: its input is in the inbox.
-            tracing::warn!(error = %err, "claim failed, leaving the session to the sweeper");
-        }
+        Ok(response) if response.claimed => start_owner(shared, session_id, response.epoch),
+        Ok(_) => {}
+        Err(err) => tracing::warn!(error = %err, "claim failed, the next sweep tries again"),
     }
 }
 
@@ -416,7 +444,7 @@ async fn sweep(shared: Arc<Shared>) {
             Ok(response) => {
                 for session_id in response.into_inner().session_ids {
                     tracing::info!(session_id = %session_id, "sweeper found an unowned session with pending input");
-                    try_own(&shared, &session_id, "wake").await;
+                    try_own(&shared, &session_id).await;
                 }
             }
             Err(status) => {

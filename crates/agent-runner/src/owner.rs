@@ -33,9 +33,12 @@ pub(crate) async fn own(shared: Arc<Shared>, session_id: String, epoch: i64) {
         ));
         owner_loop(&shared, &session_id, epoch, &lease_lost, &signals).await;
         renewer.abort();
-        if let Ok(mut owned) = shared.owned.lock() {
-            owned.remove(&session_id);
+        if shared.abandon.is_cancelled() && !lease_lost.is_cancelled() {
+            // The drain time ran out mid-run: what the run persisted stays, and the next owner
+            // resumes from there, so the lease goes back now instead of when it expires.
+            hand_back(&shared, &session_id, epoch).await;
         }
+        forget(&shared, &session_id, &signals);
     }
     .instrument(span)
     .await;
@@ -54,15 +57,20 @@ async fn owner_loop(
             return;
         }
         if shared.stopping.is_cancelled() {
-            // Hand back what is left: release succeeds only with an empty inbox, otherwise the
-            // lease runs out and another replica's sweeper takes over.
-            release(shared, session_id, epoch).await;
+            // Hand back what is left: release succeeds only with an empty inbox; otherwise the
+            // lease is made to expire now, so another replica's sweeper takes the session at
+            // its next sweep rather than after a whole lease TTL.
+            if release(shared, session_id, epoch).await != Some(true) {
+                hand_back(shared, session_id, epoch).await;
+            }
             return;
         }
         let request = TakeNextRequest {
             session_id: session_id.to_owned(),
             epoch,
             owner: shared.owner_id.clone(),
+            // The context comes with the input: one call instead of two.
+            history_limit: shared.settings.history_limit,
         };
         let memory = shared.memory.clone();
         let taken = with_retry("take_next", || {
@@ -77,10 +85,19 @@ async fn owner_loop(
                     let Ok(_slot) = shared.run_slots.acquire().await else {
                         return;
                     };
-                    match run::execute(shared, session_id, epoch, item, run, lease_lost, signals)
-                        .await
-                    {
-                        Ok(()) => {}
+                    let executed = tokio::select! {
+                        // Checked first: once the drain time is over the run is dropped where
+                        // it stands (every write so far is keyed and fenced, so nothing is
+                        // half-done) and its session resumes on another replica, instead of
+                        // being answered as aborted.
+                        biased;
+                        () = shared.abandon.cancelled() => return,
+                        executed = run::execute(shared, run::Owner { session_id, epoch, lease_lost, signals }, item, run, next.history) => executed,
+                    };
+                    match executed {
+                        // The run's last write gave the lease back: nothing else was pending.
+                        Ok(true) => return,
+                        Ok(false) => {}
                         Err(MemoryCallError::LeaseLost(reason)) => {
                             tracing::warn!(
                                 reason,
@@ -97,9 +114,7 @@ async fn owner_loop(
                 _ => {
                     // Empty inbox. Leave the owned set first so new input claims or wakes
                     // correctly; a release refused because input just arrived takes it back.
-                    if let Ok(mut owned) = shared.owned.lock() {
-                        owned.remove(session_id);
-                    }
+                    forget(shared, session_id, signals);
                     match release(shared, session_id, epoch).await {
                         Some(true) => return,
                         Some(false) | None => {
@@ -145,6 +160,26 @@ async fn release(shared: &Arc<Shared>, session_id: &str, epoch: i64) -> Option<b
     }
 }
 
+/// Lets the lease expire at once (its epoch stays, so a write still in flight is not refused,
+/// but any replica may claim the session from now on).
+async fn hand_back(shared: &Arc<Shared>, session_id: &str, epoch: i64) {
+    let mut memory = shared.memory.clone();
+    // The shortest lease memory grants: one millisecond.
+    let handed = memory
+        .renew_lease(RenewLeaseRequest {
+            session_id: session_id.to_owned(),
+            epoch,
+            ttl_ms: 1,
+        })
+        .await;
+    match handed {
+        Ok(_) => tracing::info!("lease handed back"),
+        Err(status) => {
+            tracing::warn!(error = %status.message(), "hand-back failed; the lease expires by itself");
+        }
+    }
+}
+
 async fn renew(shared: Arc<Shared>, session_id: String, epoch: i64, lease_lost: CancellationToken) {
     let ttl = shared.settings.lease_ttl_ms.max(30);
     let every = Duration::from_millis(ttl / 3);
@@ -170,5 +205,17 @@ async fn renew(shared: Arc<Shared>, session_id: String, epoch: i64, lease_lost: 
                 tracing::warn!(error = %status.message(), "lease renewal failed");
             }
         }
+    }
+}
+
+/// Removes this owner's entry from the owned set, unless a newer owner of the session on this
+/// replica already replaced it.
+pub(crate) fn forget(shared: &Shared, session_id: &str, signals: &Arc<SessionSignals>) {
+    if let Ok(mut owned) = shared.owned.lock()
+        && owned
+            .get(session_id)
+            .is_some_and(|current| Arc::ptr_eq(current, signals))
+    {
+        owned.remove(session_id);
     }
 }

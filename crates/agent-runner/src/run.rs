@@ -13,7 +13,7 @@ use tracing::Instrument as _;
 
 use agentloop_model::{ChatMessage, ToolCall, Usage};
 use agentloop_proto::v1::{
-    AppendEntriesRequest, Entry, FinishRunRequest, GetHistoryRequest, InboxItem, OutboundMessage,
+    AppendEntriesRequest, Entry, FinishRunRequest, GetHistoryResponse, InboxItem, OutboundMessage,
     Run, RunCommand, TakeQueuedRequest,
 };
 
@@ -73,6 +73,11 @@ pub(crate) struct RunCtx<'a> {
     turns: std::sync::atomic::AtomicU32,
     /// Who answered the last model turn (after fallbacks and profile switches).
     pub(crate) answered: Mutex<AnsweredBy>,
+    /// The run's input entries, written with its first persisted step (or its end) to save a
+    /// round trip; until then the inbox row holds the input.
+    unwritten: Mutex<Vec<Entry>>,
+    /// The final answer's entry, written in the same transaction that finishes the run.
+    final_entries: Mutex<Vec<Entry>>,
 }
 
 /// A tool call's outcome.
@@ -84,15 +89,29 @@ struct ToolOutcome {
     stored: String,
 }
 
+/// The owner of a session, as a run sees it.
+#[derive(Clone, Copy)]
+pub(crate) struct Owner<'a> {
+    pub(crate) session_id: &'a str,
+    pub(crate) epoch: i64,
+    pub(crate) lease_lost: &'a CancellationToken,
+    pub(crate) signals: &'a Arc<SessionSignals>,
+}
+
+/// Runs one input; returns whether its last write gave the lease back.
 pub(crate) async fn execute(
     shared: &Arc<Shared>,
-    session_id: &str,
-    epoch: i64,
+    owner: Owner<'_>,
     item: InboxItem,
     run: Run,
-    lease_lost: &CancellationToken,
-    signals: &Arc<SessionSignals>,
-) -> Result<(), MemoryCallError> {
+    history: Vec<Entry>,
+) -> Result<bool, MemoryCallError> {
+    let Owner {
+        session_id,
+        epoch,
+        lease_lost,
+        signals,
+    } = owner;
     let command = match RunCommand::decode(item.payload.as_slice()) {
         Ok(command) => command,
         Err(err) => {
@@ -103,7 +122,7 @@ pub(crate) async fn execute(
                 "",
                 format!("inbox item is not a RunCommand: {err}"),
             );
-            return finish(shared, session_id, epoch, &run, &item, &outcome).await;
+            return finish(shared, owner, &run, &item, &outcome, Vec::new()).await;
         }
     };
     let agent_id = if command.agent_id.is_empty() {
@@ -139,6 +158,8 @@ pub(crate) async fn execute(
         usage: Mutex::new(Usage::default()),
         turns: std::sync::atomic::AtomicU32::new(0),
         answered: Mutex::new(AnsweredBy::default()),
+        unwritten: Mutex::new(Vec::new()),
+        final_entries: Mutex::new(Vec::new()),
     };
     async {
         ctx.events
@@ -152,7 +173,7 @@ pub(crate) async fn execute(
         };
         let timeout = Duration::from_millis(timeout_ms);
         let outcome = tokio::select! {
-            outcome = tokio::time::timeout(timeout, converse(&ctx, &item)) => match outcome {
+            outcome = tokio::time::timeout(timeout, converse(&ctx, &item, history)) => match outcome {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(err)) => {
                     signals.end_run();
@@ -172,7 +193,8 @@ pub(crate) async fn execute(
             ctx.close_open_calls(outcome.status).await?;
         }
         ctx.reply(&outcome).await;
-        finish(shared, session_id, epoch, &run, &item, &outcome).await?;
+        let entries = ctx.take_unwritten();
+        let released = finish(shared, owner, &run, &item, &outcome, entries).await?;
         let usage = json!({ "input_tokens": outcome.usage.input_tokens, "output_tokens": outcome.usage.output_tokens });
         match outcome.status {
             "completed" | "max_turns" | "aborted" => {
@@ -196,7 +218,7 @@ pub(crate) async fn execute(
             .hooks
             .run(HookPoint::AgentEnd, json!({ "sessionKey": command.session_key, "runId": run.id, "reason": outcome.status, "error": outcome.error }))
             .await;
-        Ok(())
+        Ok(released)
     }
     .instrument(span)
     .await
@@ -231,7 +253,29 @@ impl RunCtx<'_> {
         format!("{}:{suffix}", self.run.id)
     }
 
-    pub(crate) async fn append(&self, entries: Vec<Entry>) -> Result<(), MemoryCallError> {
+    /// Returns the entries not written yet (inputs first, then the final answer).
+    fn take_unwritten(&self) -> Vec<Entry> {
+        let mut entries = self
+            .unwritten
+            .lock()
+            .map(|mut u| std::mem::take(&mut *u))
+            .unwrap_or_default();
+        if let Ok(mut last) = self.final_entries.lock() {
+            entries.append(&mut last);
+        }
+        entries
+    }
+
+    pub(crate) async fn append(&self, mut entries: Vec<Entry>) -> Result<(), MemoryCallError> {
+        let mut unwritten = self
+            .unwritten
+            .lock()
+            .map(|mut u| std::mem::take(&mut *u))
+            .unwrap_or_default();
+        if !unwritten.is_empty() {
+            unwritten.append(&mut entries);
+            entries = unwritten;
+        }
         if entries.is_empty() {
             return Ok(());
         }
@@ -550,7 +594,11 @@ impl RunCtx<'_> {
 }
 
 /// Builds the context, then turns model answers and tool batches until a final answer.
-async fn converse(ctx: &RunCtx<'_>, item: &InboxItem) -> Result<Outcome, MemoryCallError> {
+async fn converse(
+    ctx: &RunCtx<'_>,
+    item: &InboxItem,
+    history: Vec<Entry>,
+) -> Result<Outcome, MemoryCallError> {
     let shared = ctx.shared;
     // Collected messages queued behind this one are merged into the same turn.
     let mut inputs = vec![(ctx.key("user"), ctx.command.text.clone())];
@@ -563,22 +611,15 @@ async fn converse(ctx: &RunCtx<'_>, item: &InboxItem) -> Result<Outcome, MemoryC
         .iter()
         .map(|(key, text)| ctx.user_entry(key.clone(), text))
         .collect();
-    let history_request = GetHistoryRequest {
-        session_id: ctx.session_id.to_owned(),
-        limit: shared.settings.history_limit,
-    };
-    let memory = shared.memory.clone();
-    // History and the input entries are independent round trips; doing them together saves one.
-    let (history, appended) = tokio::join!(
-        with_retry("get_history", || {
-            let mut memory = memory.clone();
-            let request = history_request.clone();
-            async move { memory.get_history(request).await }
-        }),
-        ctx.append(user_entries),
-    );
-    let history = history?;
-    appended?;
+    // The history came with the input; a resumed run finds its own inputs in it already.
+    let history = GetHistoryResponse { entries: history };
+    if let Ok(mut unwritten) = ctx.unwritten.lock() {
+        unwritten.extend(
+            user_entries
+                .into_iter()
+                .filter(|entry| !history.entries.iter().any(|e| e.key == entry.key)),
+        );
+    }
     let mut messages = prompt::conversation(&history.entries, &ctx.run.id);
     // What came before this run is what a compaction may summarize.
     let first_of_run = history
@@ -739,7 +780,9 @@ async fn converse(ctx: &RunCtx<'_>, item: &InboxItem) -> Result<Outcome, MemoryC
                 Vec::new()
             };
             if steering.is_empty() {
-                ctx.append(vec![assistant]).await?;
+                if let Ok(mut last) = ctx.final_entries.lock() {
+                    last.push(assistant);
+                }
                 return Ok(ctx.outcome("completed", text, String::new()));
             }
             let mut entries = vec![assistant];
@@ -803,12 +846,18 @@ async fn persist_batch(
 
 async fn finish(
     shared: &Arc<Shared>,
-    session_id: &str,
-    epoch: i64,
+    owner: Owner<'_>,
     run: &Run,
     item: &InboxItem,
     outcome: &Outcome,
-) -> Result<(), MemoryCallError> {
+    entries: Vec<Entry>,
+) -> Result<bool, MemoryCallError> {
+    let Owner {
+        session_id,
+        epoch,
+        signals,
+        ..
+    } = owner;
     let request = FinishRunRequest {
         session_id: session_id.to_owned(),
         epoch,
@@ -821,13 +870,24 @@ async fn finish(
         output_tokens: outcome.usage.output_tokens,
         provider: outcome.provider.clone(),
         profile: outcome.profile.clone(),
+        entries,
+        release_if_idle: true,
     };
+    // The lease may go back with this call: leave the owned set first, so input arriving now
+    // claims the session (or, if the lease stays, is seen by this owner's next take).
+    crate::owner::forget(shared, session_id, signals);
     let memory = shared.memory.clone();
-    with_retry("finish_run", || {
+    let finished = with_retry("finish_run", || {
         let mut memory = memory.clone();
         let request = request.clone();
         async move { memory.finish_run(request).await }
     })
-    .await
-    .map(|_| ())
+    .await;
+    let released = matches!(&finished, Ok(response) if response.released);
+    if !released && let Ok(mut owned) = shared.owned.lock() {
+        owned
+            .entry(session_id.to_owned())
+            .or_insert_with(|| signals.clone());
+    }
+    finished.map(|response| response.released)
 }

@@ -16,6 +16,10 @@ pub struct BusConfig {
     pub work_max_age_secs: u64,
     /// How long run events are kept for replay.
     pub events_max_age_secs: u64,
+    /// Keep the EVENTS stream in memory (a server restart forgets events, not transcripts).
+    pub events_in_memory: bool,
+    /// Most bytes of events kept; the oldest go first.
+    pub events_max_bytes: i64,
     /// How long dead letters are kept.
     pub dlq_max_age_secs: u64,
     /// JetStream dedup window for `Nats-Msg-Id`.
@@ -37,6 +41,8 @@ impl Default for BusConfig {
             replicas: 1,
             work_max_age_secs: 7 * 24 * 3600,
             events_max_age_secs: 3600,
+            events_in_memory: true,
+            events_max_bytes: 256 * 1024 * 1024,
             dlq_max_age_secs: 14 * 24 * 3600,
             duplicate_window_secs: 120,
             ack_wait_ms: 30_000,

@@ -150,8 +150,20 @@ impl Bus {
             name: stream_name(&c.prefix, kind),
             subjects: vec![self.subjects.stream_subjects(kind)],
             retention,
-            storage: StorageType::File,
+            // Events are for watching and replay, the transcript is the record: keeping them in
+            // memory spares the server a disk write per streamed delta.
+            storage: if kind == StreamKind::Events && c.events_in_memory {
+                StorageType::Memory
+            } else {
+                StorageType::File
+            },
             max_age: Duration::from_secs(max_age),
+            // Bounded so a burst of streamed deltas cannot exhaust the server's memory.
+            max_bytes: if kind == StreamKind::Events {
+                c.events_max_bytes
+            } else {
+                -1
+            },
             duplicate_window: Duration::from_secs(c.duplicate_window_secs),
             num_replicas: c.replicas,
             ..Default::default()

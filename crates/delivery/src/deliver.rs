@@ -19,8 +19,14 @@ const SERVICE: &str = "delivery";
 /// The model's way of saying nothing should be sent.
 pub(crate) const NO_REPLY: &str = "NO_REPLY";
 
+/// How many recently delivered replies a replica remembers to absorb redeliveries.
+const RECENT_CAPACITY: usize = 10_000;
+
 struct Ctx {
     bus: Bus,
+    /// Runs whose final reply this replica delivered lately: a reply redelivered because its
+    /// ack was lost (a NATS restart between publish and ack) is acked, not delivered twice.
+    recent: std::sync::Mutex<Recent>,
     max_deliver: i64,
     delivered: Counter,
     suppressed: Counter,
@@ -49,6 +55,7 @@ pub(crate) async fn serve(
         .map_err(|e| DeliveryError::Stream(Box::new(e)))?;
     let ctx = Arc::new(Ctx {
         bus,
+        recent: std::sync::Mutex::new(Recent::default()),
         max_deliver: config.bus.max_deliver,
         delivered: health.counter("agentloop_delivery_delivered_total", "Replies delivered."),
         suppressed: health.counter(
@@ -106,8 +113,27 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
         };
         tracing::Span::current().record("run_id", outbound.run_id.as_str());
         tracing::Span::current().record("session_key", outbound.session_key.as_str());
+        let key = (outbound.r#final && !outbound.run_id.is_empty())
+            .then(|| format!("{}:{}", outbound.run_id, outbound.error.is_empty()));
+        if let Some(key) = &key
+            && ctx.recent.lock().is_ok_and(|recent| recent.contains(key))
+        {
+            tracing::info!("reply already delivered by this replica, redelivery absorbed");
+            let _ = msg.ack().await;
+            return;
+        }
         match deliver(ctx, &outbound).await {
             Ok(()) => {
+                if let Some(key) = key
+                    && let Ok(mut recent) = ctx.recent.lock()
+                {
+                    recent.insert(key);
+                }
+                // The ack goes out only once the server has the delivery: acked but never
+                // delivered would lose the reply.
+                if let Err(err) = ctx.bus.client().flush().await {
+                    tracing::warn!(error = %err, "flush before ack failed");
+                }
                 let _ = msg.ack().await;
             }
             Err(reason) => {
@@ -155,6 +181,30 @@ async fn dead_letter(ctx: &Ctx, msg: &jetstream::Message, reason: &str) {
             let _ = msg
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;
+        }
+    }
+}
+
+/// A bounded set of keys, oldest forgotten first.
+#[derive(Default)]
+struct Recent {
+    keys: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl Recent {
+    fn contains(&self, key: &str) -> bool {
+        self.keys.contains(key)
+    }
+
+    fn insert(&mut self, key: String) {
+        if self.keys.insert(key.clone()) {
+            self.order.push_back(key);
+            if self.order.len() > RECENT_CAPACITY
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.keys.remove(&oldest);
+            }
         }
     }
 }
@@ -207,6 +257,18 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recent_deliveries_forget_the_oldest_beyond_capacity() {
+        let mut recent = Recent::default();
+        for i in 0..=RECENT_CAPACITY {
+            recent.insert(i.to_string());
+        }
+        recent.insert("0".to_owned());
+        assert!(!recent.contains("0"));
+        assert!(recent.contains("1"));
+        assert!(recent.contains(&RECENT_CAPACITY.to_string()));
+    }
 
     #[test]
     fn no_reply_is_recognised_with_surrounding_space_only() {

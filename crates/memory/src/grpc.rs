@@ -159,20 +159,7 @@ impl SessionApi {
             req.limit
         };
         let entries = self.store()?.get_history(session_id, limit).await?;
-        let entries = entries
-            .into_iter()
-            .map(|entry| pb::Entry {
-                seq: entry.seq,
-                key: entry.key,
-                role: entry.role,
-                content: entry.content,
-                run_id: entry.run_id.map(|id| id.to_string()).unwrap_or_default(),
-                tool_call_id: entry.tool_call_id.unwrap_or_default(),
-                tool_name: entry.tool_name.unwrap_or_default(),
-                data: entry.data.unwrap_or_default(),
-                created_at: Some(timestamp(entry.created_at)),
-            })
-            .collect();
+        let entries = entries.into_iter().map(entry_message).collect();
         Ok(pb::GetHistoryResponse { entries })
     }
 
@@ -181,27 +168,7 @@ impl SessionApi {
         req: pb::AppendEntriesRequest,
     ) -> Result<pb::AppendEntriesResponse, MemoryError> {
         let session_id = parse_id("session_id", &req.session_id)?;
-        let mut entries = Vec::with_capacity(req.entries.len());
-        for entry in req.entries {
-            if entry.key.is_empty() {
-                return Err(MemoryError::InvalidArgument(
-                    "every entry needs a key".to_owned(),
-                ));
-            }
-            let run_id = match entry.run_id.as_str() {
-                "" => None,
-                run_id => Some(parse_id("entry run_id", run_id)?),
-            };
-            entries.push(NewEntry {
-                tool_call_id: non_empty(&entry.tool_call_id),
-                tool_name: non_empty(&entry.tool_name),
-                data: non_empty(&entry.data),
-                key: entry.key,
-                role: entry.role,
-                content: entry.content,
-                run_id,
-            });
-        }
+        let entries = new_entries(req.entries)?;
         let appended = self
             .store()?
             .append_entries(session_id, req.epoch, &entries)
@@ -217,14 +184,26 @@ impl SessionApi {
             ));
         }
         let kind: InboxKind = req.kind.parse()?;
-        let enqueued = self
-            .store()?
+        let store = self.store()?;
+        let enqueued = store
             .enqueue(session_id, &req.idempotency_key, kind, &req.payload)
             .await?;
-        Ok(pb::EnqueueResponse {
+        let mut response = pb::EnqueueResponse {
             inserted: enqueued.inserted,
             seq: enqueued.seq,
-        })
+            ..Default::default()
+        };
+        // Claimed only after the input is committed, so a holder releasing meanwhile either
+        // sees the input (and keeps the lease) or leaves the lease free for this claim.
+        if !req.claim_owner.is_empty() {
+            let claim = store
+                .claim_session(session_id, &req.claim_owner, parse_ttl(req.claim_ttl_ms)?)
+                .await?;
+            response.claimed = claim.claimed;
+            response.epoch = claim.epoch;
+            response.owner = claim.owner.unwrap_or_default();
+        }
+        Ok(response)
     }
 
     async fn claim_session(
@@ -276,9 +255,21 @@ impl SessionApi {
             return Ok(pb::TakeNextResponse {
                 item: None,
                 run: None,
+                history: Vec::new(),
             });
         };
+        let history = if req.history_limit > 0 {
+            self.store()?
+                .get_history(session_id, req.history_limit)
+                .await?
+                .into_iter()
+                .map(entry_message)
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(pb::TakeNextResponse {
+            history,
             item: Some(pb::InboxItem {
                 seq: taken.item.seq,
                 idempotency_key: taken.item.idempotency_key,
@@ -305,10 +296,20 @@ impl SessionApi {
             provider: non_empty(&req.provider),
             profile: non_empty(&req.profile),
         };
-        self.store()?
-            .finish_run(session_id, req.epoch, &outcome)
+        let entries = new_entries(req.entries)?;
+        let finished = self
+            .store()?
+            .finish_run_and_release(
+                session_id,
+                req.epoch,
+                &outcome,
+                &entries,
+                req.release_if_idle,
+            )
             .await?;
-        Ok(pb::FinishRunResponse {})
+        Ok(pb::FinishRunResponse {
+            released: finished.released,
+        })
     }
 
     async fn release_session(
@@ -517,6 +518,45 @@ impl SessionService for SessionApi {
         let result = cooldowns::success(self, request.into_inner()).await;
         self.reply("ReportProfileSuccess", result)
     }
+}
+
+fn entry_message(entry: crate::store::Entry) -> pb::Entry {
+    pb::Entry {
+        seq: entry.seq,
+        key: entry.key,
+        role: entry.role,
+        content: entry.content,
+        run_id: entry.run_id.map(|id| id.to_string()).unwrap_or_default(),
+        tool_call_id: entry.tool_call_id.unwrap_or_default(),
+        tool_name: entry.tool_name.unwrap_or_default(),
+        data: entry.data.unwrap_or_default(),
+        created_at: Some(timestamp(entry.created_at)),
+    }
+}
+
+fn new_entries(entries: Vec<pb::Entry>) -> Result<Vec<NewEntry>, MemoryError> {
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        if entry.key.is_empty() {
+            return Err(MemoryError::InvalidArgument(
+                "every entry needs a key".to_owned(),
+            ));
+        }
+        let run_id = match entry.run_id.as_str() {
+            "" => None,
+            run_id => Some(parse_id("entry run_id", run_id)?),
+        };
+        out.push(NewEntry {
+            tool_call_id: non_empty(&entry.tool_call_id),
+            tool_name: non_empty(&entry.tool_name),
+            data: non_empty(&entry.data),
+            key: entry.key,
+            role: entry.role,
+            content: entry.content,
+            run_id,
+        });
+    }
+    Ok(out)
 }
 
 fn parse_id(field: &str, value: &str) -> Result<Uuid, MemoryError> {

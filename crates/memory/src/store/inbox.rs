@@ -52,10 +52,33 @@ struct TakeRow {
 }
 
 #[derive(sqlx::FromRow)]
-struct FinishRow {
-    held: bool,
-    found: bool,
-    finished: bool,
+pub(crate) struct FinishRow {
+    pub(crate) held: bool,
+    pub(crate) found: bool,
+    pub(crate) finished: bool,
+}
+
+/// Runs the fenced finish statement on any executor (the pool, or a transaction).
+pub(crate) async fn finish_on<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    session_id: Uuid,
+    epoch: i64,
+    outcome: &RunOutcome,
+) -> Result<FinishRow, sqlx::Error> {
+    sqlx::query_as::<_, FinishRow>(include_str!("queries/finish_run.sql"))
+        .bind(session_id)
+        .bind(epoch)
+        .bind(outcome.run_id)
+        .bind(outcome.inbox_seq)
+        .bind(outcome.status.as_str())
+        .bind(outcome.error.as_deref())
+        .bind(outcome.model.as_deref())
+        .bind(outcome.input_tokens)
+        .bind(outcome.output_tokens)
+        .bind(outcome.provider.as_deref())
+        .bind(outcome.profile.as_deref())
+        .fetch_one(executor)
+        .await
 }
 
 impl Store {
@@ -162,19 +185,7 @@ impl Store {
         epoch: i64,
         outcome: &RunOutcome,
     ) -> Result<bool, MemoryError> {
-        let row = sqlx::query_as::<_, FinishRow>(include_str!("queries/finish_run.sql"))
-            .bind(session_id)
-            .bind(epoch)
-            .bind(outcome.run_id)
-            .bind(outcome.inbox_seq)
-            .bind(outcome.status.as_str())
-            .bind(outcome.error.as_deref())
-            .bind(outcome.model.as_deref())
-            .bind(outcome.input_tokens)
-            .bind(outcome.output_tokens)
-            .bind(outcome.provider.as_deref())
-            .bind(outcome.profile.as_deref())
-            .fetch_one(&self.pool)
+        let row = finish_on(&self.pool, session_id, epoch, outcome)
             .await
             .map_err(|err| translate(err, session_id))?;
         if !row.held {

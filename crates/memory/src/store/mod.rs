@@ -4,9 +4,11 @@
 
 pub(crate) mod cooldowns;
 pub(crate) mod error;
+mod finish;
 mod gateway;
 mod inbox;
 mod queued;
+pub use finish::Finished;
 mod sessions;
 mod transcript;
 
@@ -19,6 +21,7 @@ use uuid::Uuid;
 use crate::MemoryError;
 
 pub use gateway::{Dispatch, DispatchLookup, SessionInfo, SessionPatch};
+
 pub use inbox::{Enqueued, InboxItem, Taken};
 pub use sessions::Claim;
 

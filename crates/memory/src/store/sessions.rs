@@ -98,13 +98,9 @@ impl Store {
     /// # Errors
     /// A database error.
     pub async fn release_session(&self, session_id: Uuid, epoch: i64) -> Result<bool, MemoryError> {
-        let done = sqlx::query(include_str!("queries/release_session.sql"))
-            .bind(session_id)
-            .bind(epoch)
-            .execute(&self.pool)
+        release_on(&self.pool, session_id, epoch)
             .await
-            .map_err(|err| translate(err, session_id))?;
-        Ok(done.rows_affected() == 1)
+            .map_err(|err| translate(err, session_id))
     }
 
     /// Returns up to `limit` sessions with pending inputs whose lease is free or expired,
@@ -119,6 +115,20 @@ impl Store {
             .await
             .map_err(|err| translate(err, Uuid::nil()))
     }
+}
+
+/// Gives the lease back when no input is pending, on any executor; returns whether it did.
+pub(crate) async fn release_on<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    session_id: Uuid,
+    epoch: i64,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(include_str!("queries/release_session.sql"))
+        .bind(session_id)
+        .bind(epoch)
+        .execute(executor)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Returns a TTL in whole milliseconds, capped at the wire's `u32` (49 days) so the interval

@@ -6,9 +6,46 @@ use super::{Entry, NewEntry, Store, error::translate};
 use crate::MemoryError;
 
 #[derive(sqlx::FromRow)]
-struct Appended {
-    held: bool,
-    appended: i64,
+pub(crate) struct Appended {
+    pub(crate) held: bool,
+    pub(crate) appended: i64,
+}
+
+/// Runs the fenced multi-row append on any executor (the pool, or a transaction).
+pub(crate) async fn append_on<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    session_id: Uuid,
+    epoch: i64,
+    entries: &[NewEntry],
+) -> Result<Appended, sqlx::Error> {
+    let mut keys = Vec::with_capacity(entries.len());
+    let mut roles = Vec::with_capacity(entries.len());
+    let mut contents = Vec::with_capacity(entries.len());
+    let mut run_ids = Vec::with_capacity(entries.len());
+    let mut tool_call_ids = Vec::with_capacity(entries.len());
+    let mut tool_names = Vec::with_capacity(entries.len());
+    let mut data = Vec::with_capacity(entries.len());
+    for entry in entries {
+        keys.push(entry.key.as_str());
+        roles.push(entry.role.as_str());
+        contents.push(entry.content.as_str());
+        run_ids.push(entry.run_id);
+        tool_call_ids.push(entry.tool_call_id.as_deref());
+        tool_names.push(entry.tool_name.as_deref());
+        data.push(entry.data.as_deref());
+    }
+    sqlx::query_as::<_, Appended>(include_str!("queries/append_entries.sql"))
+        .bind(session_id)
+        .bind(epoch)
+        .bind(keys)
+        .bind(roles)
+        .bind(contents)
+        .bind(run_ids)
+        .bind(tool_call_ids)
+        .bind(tool_names)
+        .bind(data)
+        .fetch_one(executor)
+        .await
 }
 
 impl Store {
@@ -42,33 +79,7 @@ impl Store {
         epoch: i64,
         entries: &[NewEntry],
     ) -> Result<u32, MemoryError> {
-        let mut keys = Vec::with_capacity(entries.len());
-        let mut roles = Vec::with_capacity(entries.len());
-        let mut contents = Vec::with_capacity(entries.len());
-        let mut run_ids = Vec::with_capacity(entries.len());
-        let mut tool_call_ids = Vec::with_capacity(entries.len());
-        let mut tool_names = Vec::with_capacity(entries.len());
-        let mut data = Vec::with_capacity(entries.len());
-        for entry in entries {
-            keys.push(entry.key.as_str());
-            roles.push(entry.role.as_str());
-            contents.push(entry.content.as_str());
-            run_ids.push(entry.run_id);
-            tool_call_ids.push(entry.tool_call_id.as_deref());
-            tool_names.push(entry.tool_name.as_deref());
-            data.push(entry.data.as_deref());
-        }
-        let result = sqlx::query_as::<_, Appended>(include_str!("queries/append_entries.sql"))
-            .bind(session_id)
-            .bind(epoch)
-            .bind(keys)
-            .bind(roles)
-            .bind(contents)
-            .bind(run_ids)
-            .bind(tool_call_ids)
-            .bind(tool_names)
-            .bind(data)
-            .fetch_one(&self.pool)
+        let result = append_on(&self.pool, session_id, epoch, entries)
             .await
             .map_err(|err| translate(err, session_id))?;
         if !result.held {

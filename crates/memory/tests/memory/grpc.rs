@@ -105,6 +105,7 @@ async fn the_grpc_api_carries_a_whole_run(pool: PgPool) {
             idempotency_key: "k1".to_owned(),
             kind: "user".to_owned(),
             payload: b"hello".to_vec(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -123,6 +124,7 @@ async fn the_grpc_api_carries_a_whole_run(pool: PgPool) {
             session_id: session.id.clone(),
             epoch: claim.epoch,
             owner: "runner-a".to_owned(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -235,6 +237,7 @@ async fn bad_requests_and_lost_leases_map_onto_status_codes(pool: PgPool) {
             idempotency_key: "k".to_owned(),
             kind: "shout".to_owned(),
             payload: Vec::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -244,6 +247,7 @@ async fn bad_requests_and_lost_leases_map_onto_status_codes(pool: PgPool) {
             idempotency_key: "k".to_owned(),
             kind: "user".to_owned(),
             payload: Vec::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
