@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt as _;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument as _;
@@ -55,7 +54,6 @@ pub(crate) struct Shared {
     /// Cancelled on shutdown: owners stop taking new inputs.
     pub(crate) stopping: CancellationToken,
     /// Cancelled when the drain time is over: runs in flight are cut.
-    pub(crate) hard_stop: CancellationToken,
     /// Cancelled when the drain time is over: owners drop their run unfinished and hand the
     /// session back, so another replica resumes it from its last persisted step.
     pub(crate) abandon: CancellationToken,
@@ -89,17 +87,9 @@ pub(crate) async fn serve(
     let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
         return Ok(());
     };
-    let consumer = bus
-        .durable_consumer(StreamKind::Runs, &config.runner.consumer)
+    let mut messages = bus
+        .deliveries(StreamKind::Runs, &config.runner.consumer)
         .await?;
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(256)
-        .heartbeat(Duration::from_secs(5))
-        .expires(Duration::from_secs(30))
-        .messages()
-        .await
-        .map_err(|e| RunnerError::Stream(Box::new(e)))?;
     let owner_id = if config.runner.owner_id.is_empty() {
         default_owner_id()
     } else {
@@ -130,7 +120,6 @@ pub(crate) async fn serve(
         model_slots: Semaphore::new(config.runner.max_concurrent_model_calls.max(1)),
         tracker: TaskTracker::new(),
         stopping: CancellationToken::new(),
-        hard_stop: CancellationToken::new(),
         abandon: CancellationToken::new(),
         metrics: Metrics {
             runs_completed: health.counter(
@@ -167,17 +156,9 @@ pub(crate) async fn serve(
     ready.set(true);
     tracing::info!(owner = %owner_id, prefix = %config.bus.prefix, "runner consuming run commands");
     loop {
-        let next = tokio::select! {
+        let msg = tokio::select! {
             () = shutdown.cancelled() => break,
-            next = messages.next() => next,
-        };
-        let msg = match next {
-            Some(Ok(msg)) => msg,
-            Some(Err(err)) => {
-                tracing::warn!(error = %err, "run consumer error");
-                continue;
-            }
-            None => break,
+            msg = messages.next() => msg,
         };
         let command = match agentloop_bus::decode::<RunCommand>(&msg) {
             Ok((command, _)) if !command.session_id.is_empty() => command,

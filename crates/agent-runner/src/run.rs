@@ -186,7 +186,6 @@ pub(crate) async fn execute(
                 signals.end_run();
                 return Err(MemoryCallError::LeaseLost("lease renewal refused".to_owned()));
             }
-            () = shared.hard_stop.cancelled() => ctx.cut("aborted", "the runner shut down before the run finished".to_owned()),
         };
         signals.end_run();
         if outcome.status != "completed" && outcome.status != "max_turns" {

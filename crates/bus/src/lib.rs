@@ -3,10 +3,12 @@
 //! `traceparent` headers, and dead-lettering of anything that cannot be processed.
 
 mod config;
+mod consume;
 mod error;
 mod subjects;
 
 pub use config::BusConfig;
+pub use consume::Deliveries;
 pub use error::BusError;
 pub use subjects::{StreamKind, Subjects, stream_name};
 

@@ -6,7 +6,6 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt as _;
 use tokio::sync::mpsc;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument as _;
@@ -58,17 +57,9 @@ pub(crate) async fn serve(
             source,
         }
     })?;
-    let consumer = bus
-        .durable_consumer(StreamKind::Inbound, &config.router.consumer)
+    let mut messages = bus
+        .deliveries(StreamKind::Inbound, &config.router.consumer)
         .await?;
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(256)
-        .heartbeat(Duration::from_secs(5))
-        .expires(Duration::from_secs(30))
-        .messages()
-        .await
-        .map_err(|e| RouterError::Stream(Box::new(e)))?;
     let ctx = Ctx {
         bus: bus.clone(),
         sessions: SessionServiceClient::new(channel),
@@ -91,17 +82,9 @@ pub(crate) async fn serve(
     ready.set(true);
     tracing::info!(prefix = %config.bus.prefix, "router consuming inbound messages");
     loop {
-        let next = tokio::select! {
+        let msg = tokio::select! {
             () = shutdown.cancelled() => break,
-            next = messages.next() => next,
-        };
-        let msg = match next {
-            Some(Ok(msg)) => msg,
-            Some(Err(err)) => {
-                tracing::warn!(error = %err, "inbound consumer error");
-                continue;
-            }
-            None => break,
+            msg = messages.next() => msg,
         };
         let span = tracing::info_span!("route", subject = %msg.subject, session_key = tracing::field::Empty);
         agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());

