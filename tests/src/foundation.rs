@@ -415,3 +415,34 @@ async fn a_model_server_that_is_down_gives_an_error_reply_not_a_hang() {
     assert_eq!(status, "error");
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_message_sent_as_the_previous_run_ends_never_waits_for_the_sweeper() {
+    // With the sweeper out of the picture, an input left without an owner while the previous
+    // run gives its lease back would never be answered.
+    let sandbox = Sandbox::start_with(SandboxOptions {
+        runner: Some(Box::new(|config| {
+            config.runner.sweep_interval_ms = 3_600_000;
+            config.runner.lease_ttl_ms = 3_600_000;
+        })),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    for i in 0..150 {
+        let request = sandbox.client.request(
+            sandbox.subject("ask"),
+            json!({"sessionKey": "handoff", "text": format!("m{i}")})
+                .to_string()
+                .into(),
+        );
+        let reply = tokio::time::timeout(WAIT, request)
+            .await
+            .unwrap_or_else(|_| panic!("message {i} was never answered"))
+            .unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(answer["text"], format!("echo: m{i}"));
+    }
+    sandbox.shutdown().await.unwrap();
+}
