@@ -185,25 +185,33 @@ impl SessionApi {
         }
         let kind: InboxKind = req.kind.parse()?;
         let store = self.store()?;
-        let enqueued = store
-            .enqueue(session_id, &req.idempotency_key, kind, &req.payload)
+        if req.claim_owner.is_empty() {
+            let enqueued = store
+                .enqueue(session_id, &req.idempotency_key, kind, &req.payload)
+                .await?;
+            return Ok(pb::EnqueueResponse {
+                inserted: enqueued.inserted,
+                seq: enqueued.seq,
+                ..Default::default()
+            });
+        }
+        let (enqueued, claim) = store
+            .enqueue_and_claim(
+                session_id,
+                &req.idempotency_key,
+                kind,
+                &req.payload,
+                &req.claim_owner,
+                parse_ttl(req.claim_ttl_ms)?,
+            )
             .await?;
-        let mut response = pb::EnqueueResponse {
+        Ok(pb::EnqueueResponse {
             inserted: enqueued.inserted,
             seq: enqueued.seq,
-            ..Default::default()
-        };
-        // Claimed only after the input is committed, so a holder releasing meanwhile either
-        // sees the input (and keeps the lease) or leaves the lease free for this claim.
-        if !req.claim_owner.is_empty() {
-            let claim = store
-                .claim_session(session_id, &req.claim_owner, parse_ttl(req.claim_ttl_ms)?)
-                .await?;
-            response.claimed = claim.claimed;
-            response.epoch = claim.epoch;
-            response.owner = claim.owner.unwrap_or_default();
-        }
-        Ok(response)
+            claimed: claim.claimed,
+            epoch: claim.epoch,
+            owner: claim.owner.unwrap_or_default(),
+        })
     }
 
     async fn claim_session(

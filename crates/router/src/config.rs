@@ -61,6 +61,10 @@ pub struct RouterSettings {
     pub consumer: String,
     /// Messages routed at once; messages of one session keep their order.
     pub lanes: usize,
+    /// How long a resolved session is reused without asking memory again (0: always ask).
+    /// A session's id never changes; a model override or queue mode set meanwhile may take
+    /// this long to apply.
+    pub session_cache_ttl_ms: u64,
 }
 
 impl Default for RouterSettings {
@@ -69,6 +73,7 @@ impl Default for RouterSettings {
             admin_listen: String::new(),
             consumer: "router".to_owned(),
             lanes: 32,
+            session_cache_ttl_ms: 1_000,
         }
     }
 }

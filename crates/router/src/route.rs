@@ -13,7 +13,7 @@ use tracing::Instrument as _;
 use agentloop_bus::{Bus, StreamKind, error_chain};
 use agentloop_lifecycle::{Counter, Health};
 use agentloop_proto::v1::{
-    ControlMessage, InboundMessage, OutboundMessage, ResolveSessionRequest, RunCommand,
+    ControlMessage, InboundMessage, OutboundMessage, ResolveSessionRequest, RunCommand, Session,
     session_service_client::SessionServiceClient,
 };
 use agentloop_telemetry::TracedChannel;
@@ -35,7 +35,12 @@ struct Ctx {
     config: RouterConfig,
     routed: Counter,
     retried: Counter,
+    /// Sessions resolved lately, per lane (a session always lands in the same lane).
+    cache: std::collections::HashMap<String, (std::time::Instant, Session)>,
 }
+
+/// Most sessions a lane remembers; past it the cache starts over.
+const CACHE_CAPACITY: usize = 10_000;
 
 pub(crate) async fn serve(
     config: RouterConfig,
@@ -64,6 +69,7 @@ pub(crate) async fn serve(
         bus: bus.clone(),
         sessions: SessionServiceClient::new(channel),
         routed: health.counter("agentloop_router_routed_total", "Run commands published."),
+        cache: std::collections::HashMap::new(),
         retried: health.counter(
             "agentloop_router_retries_total",
             "Inbound messages handed back for redelivery after a transient failure.",
@@ -207,16 +213,7 @@ async fn publish_run(
     msg: &jetstream::Message,
     inbound: InboundMessage,
 ) -> Result<(), String> {
-    let session = ctx
-        .sessions
-        .resolve_session(ResolveSessionRequest {
-            session_key: inbound.session_key.clone(),
-            agent_id: inbound.agent_id.clone(),
-            channel: inbound.channel.clone(),
-        })
-        .await
-        .map_err(|status| format!("memory: {}", status.message()))?
-        .into_inner();
+    let session = resolve(ctx, &inbound).await?;
     // A message without a client key is keyed by its stream position, which a redelivery keeps.
     let idempotency_key = if inbound.idempotency_key.is_empty() {
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
@@ -257,6 +254,37 @@ async fn publish_run(
         .publish_durable(ctx.bus.subjects().run(&session.id), &command, Some(&msg_id))
         .await
         .map_err(|e| error_chain(&e))
+}
+
+/// Resolves the session, from the lane's cache when it was resolved in the last
+/// `session_cache_ttl_ms` (a session's id never changes; its overrides may lag that long).
+async fn resolve(ctx: &mut Ctx, inbound: &InboundMessage) -> Result<Session, String> {
+    let ttl = Duration::from_millis(ctx.config.router.session_cache_ttl_ms);
+    let cache_key = format!("{}\u{0}{}", inbound.agent_id, inbound.session_key);
+    if !ttl.is_zero()
+        && let Some((at, session)) = ctx.cache.get(&cache_key)
+        && at.elapsed() < ttl
+    {
+        return Ok(session.clone());
+    }
+    let session = ctx
+        .sessions
+        .resolve_session(ResolveSessionRequest {
+            session_key: inbound.session_key.clone(),
+            agent_id: inbound.agent_id.clone(),
+            channel: inbound.channel.clone(),
+        })
+        .await
+        .map_err(|status| format!("memory: {}", status.message()))?
+        .into_inner();
+    if !ttl.is_zero() {
+        if ctx.cache.len() >= CACHE_CAPACITY {
+            ctx.cache.clear();
+        }
+        ctx.cache
+            .insert(cache_key, (std::time::Instant::now(), session.clone()));
+    }
+    Ok(session)
 }
 
 /// `/stop`: aborts the session's live run (its owner answers it with "Stopped.") and confirms.

@@ -100,3 +100,65 @@ mod tests {
         assert!(stale.is_err(), "a stale epoch must be refused");
     }
 }
+
+#[derive(sqlx::FromRow)]
+struct EnqueueClaimRow {
+    new_seq: Option<i64>,
+    old_seq: Option<i64>,
+    claimed: bool,
+    epoch: Option<i64>,
+    owner: Option<String>,
+}
+
+impl Store {
+    /// Puts an input in the inbox and tries to claim the session for `owner`, in one statement.
+    ///
+    /// # Errors
+    /// [`MemoryError::SessionNotFound`], or a database error.
+    pub async fn enqueue_and_claim(
+        &self,
+        session_id: Uuid,
+        idempotency_key: &str,
+        kind: super::InboxKind,
+        payload: &[u8],
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<(super::Enqueued, super::Claim), MemoryError> {
+        let row = sqlx::query_as::<_, EnqueueClaimRow>(include_str!("queries/enqueue_claim.sql"))
+            .bind(session_id)
+            .bind(idempotency_key)
+            .bind(kind.as_str())
+            .bind(payload)
+            .bind(owner)
+            .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|err| translate(err, session_id))?;
+        let enqueued = match (row.new_seq, row.old_seq) {
+            (Some(seq), _) => super::Enqueued {
+                inserted: true,
+                seq,
+            },
+            (None, Some(seq)) => super::Enqueued {
+                inserted: false,
+                seq,
+            },
+            // A concurrent duplicate committed after this statement's snapshot: read it again.
+            (None, None) => {
+                self.enqueue(session_id, idempotency_key, kind, payload)
+                    .await?
+            }
+        };
+        let Some(epoch) = row.epoch else {
+            return Err(MemoryError::SessionNotFound(session_id));
+        };
+        Ok((
+            enqueued,
+            super::Claim {
+                claimed: row.claimed,
+                epoch,
+                owner: row.owner,
+            },
+        ))
+    }
+}
