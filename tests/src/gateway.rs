@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use sqlx::Row as _;
 use tokio_tungstenite::tungstenite::Message;
 
-use agentloop_proto::v1::{ControlMessage, SystemEvent};
+use agentloop_proto::v1::ControlMessage;
 
 use crate::harness::{Sandbox, SandboxOptions};
 
@@ -591,43 +591,19 @@ async fn the_official_openai_python_client_gets_a_plain_and_a_streamed_answer() 
 #[tokio::test]
 async fn the_web_chat_page_streams_text_and_shows_a_tool_call_in_headless_chromium() {
     let Some(python) = python() else { return };
-    // Arrange: the runner has no tools of its own yet, so the test plays a tool's events into
-    // the run while the fake model streams slowly.
+    // Arrange: the model calls the built-in clock tool, then answers slowly enough to watch.
     let sandbox = Sandbox::start().await.unwrap();
     Client::connected(&sandbox, None).await.unwrap(); // memory ready
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.>"))
-        .await
-        .unwrap();
-    let client = sandbox.client.clone();
-    let tool_player = tokio::spawn(async move {
-        while let Some(msg) = events.next().await {
-            let Ok((event, _)) = agentloop_bus::decode::<SystemEvent>(&msg) else {
-                continue;
-            };
-            if event.stream != "lifecycle" || event.phase != "start" {
-                continue;
-            }
-            for (seq, phase) in [(1000, "start"), (1001, "result")] {
-                let tool = SystemEvent {
-                    seq,
-                    stream: "tool".into(),
-                    phase: phase.into(),
-                    tool_name: "current_time".into(),
-                    tool_call_id: "call_1".into(),
-                    data: r#"{"args":{}}"#.into(),
-                    ..event.clone()
-                };
-                let payload = agentloop_proto::encode(&tool, agentloop_proto::Encoding::Proto);
-                client
-                    .publish(msg.subject.clone(), payload.into())
-                    .await
-                    .unwrap();
-            }
-            return;
-        }
-    });
+    sandbox
+        .fake
+        .push_script(agentloop_fake_model::ScriptedReply::tool_call(
+            "current_time",
+            json!({}),
+        ));
+    sandbox.fake.push_script(
+        agentloop_fake_model::ScriptedReply::text("it is about noon by the clock")
+            .with_chunk_delay(Duration::from_millis(150)),
+    );
     let screenshot =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots/webchat.png");
     std::fs::create_dir_all(screenshot.parent().unwrap()).unwrap();
@@ -640,7 +616,7 @@ async fn the_web_chat_page_streams_text_and_shows_a_tool_call_in_headless_chromi
             "webchat.py",
             &format!("http://{}/", sandbox.gateway_addr),
             "web:dave",
-            "[[chunk_delay_ms:150]] what time is it now",
+            "what time is it now",
             screenshot.to_str().unwrap(),
         ],
     )
@@ -648,7 +624,7 @@ async fn the_web_chat_page_streams_text_and_shows_a_tool_call_in_headless_chromi
     .unwrap();
 
     // Assert
-    let full = "echo: what time is it now";
+    let full = "it is about noon by the clock";
     let partial = result["partial"].as_str().unwrap();
     assert!(
         !partial.is_empty() && partial.len() < full.len() && full.starts_with(partial),
@@ -670,6 +646,5 @@ async fn the_web_chat_page_streams_text_and_shows_a_tool_call_in_headless_chromi
         "{result}"
     );
     assert!(std::fs::metadata(&screenshot).unwrap().len() > 1000);
-    tool_player.await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
