@@ -10,7 +10,7 @@ pub struct RunnerConfig {
     /// NATS connection and stream layout.
     pub bus: BusConfig,
     /// Where the memory service is.
-    pub memory: MemoryEndpoint,
+    pub memory: agentloop_lifecycle::MemoryEndpoint,
     /// Model providers and the default model.
     pub models: ModelsConfig,
     /// Runner-only settings.
@@ -55,22 +55,6 @@ impl Default for AgentConfig {
             context_window_tokens: 128_000,
             reserve_tokens: 16_384,
             run_timeout_ms: 0,
-        }
-    }
-}
-
-/// The part of `[memory]` clients read.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(default)]
-pub struct MemoryEndpoint {
-    /// gRPC URL of the memory service.
-    pub url: String,
-}
-
-impl Default for MemoryEndpoint {
-    fn default() -> Self {
-        Self {
-            url: "http://127.0.0.1:50051".to_owned(),
         }
     }
 }

@@ -19,7 +19,8 @@ mod recovery;
 mod run;
 mod tools;
 
-pub use config::{AgentConfig, MemoryEndpoint, RunnerConfig, RunnerSettings};
+pub use agentloop_lifecycle::MemoryEndpoint;
+pub use config::{AgentConfig, RunnerConfig, RunnerSettings};
 pub use error::RunnerError;
 pub use hooks::{ExternalHookConfig, Hook, HookOutcome, HookPoint};
 pub use tools::{SentMessage, Tool, ToolContext, ToolError};

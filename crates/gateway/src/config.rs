@@ -9,27 +9,11 @@ pub struct GatewayConfig {
     /// NATS connection and stream layout.
     pub bus: BusConfig,
     /// Where the memory service is.
-    pub memory: MemoryEndpoint,
+    pub memory: agentloop_lifecycle::MemoryEndpoint,
     /// The models sessions may be switched to.
     pub models: ModelPolicy,
     /// Gateway-only settings.
     pub gateway: GatewaySettings,
-}
-
-/// The part of `[memory]` the gateway reads.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(default)]
-pub struct MemoryEndpoint {
-    /// gRPC URL of the memory service.
-    pub url: String,
-}
-
-impl Default for MemoryEndpoint {
-    fn default() -> Self {
-        Self {
-            url: "http://127.0.0.1:50051".to_owned(),
-        }
-    }
 }
 
 /// The part of `[models]` the gateway checks `sessions.patch` against.

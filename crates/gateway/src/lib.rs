@@ -13,7 +13,8 @@ mod methods;
 mod openai;
 mod ws;
 
-pub use config::{GatewayConfig, GatewaySettings, MemoryEndpoint, ModelPolicy};
+pub use agentloop_lifecycle::MemoryEndpoint;
+pub use config::{GatewayConfig, GatewaySettings, ModelPolicy};
 pub use error::{GatewayError, RequestError};
 
 use std::net::SocketAddr;

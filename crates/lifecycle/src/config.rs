@@ -32,6 +32,22 @@ pub enum ConfigError {
     Invalid(#[source] toml::de::Error),
 }
 
+/// The part of `[memory]` that clients of the memory service read.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct MemoryEndpoint {
+    /// gRPC URL of the memory service.
+    pub url: String,
+}
+
+impl Default for MemoryEndpoint {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:50051".to_owned(),
+        }
+    }
+}
+
 /// Conventional variables of other ecosystems, mapped onto config keys. `AGENTLOOP_*__*` wins.
 const ALIASES: &[(&str, &str, &str)] = &[
     ("NATS_URL", "bus", "url"),

@@ -6,7 +6,9 @@ mod config;
 mod health;
 
 pub use admin::{AdminServer, admin_routes};
-pub use config::{ConfigError, config_path_from_args, load_config, load_config_from};
+pub use config::{
+    ConfigError, MemoryEndpoint, config_path_from_args, load_config, load_config_from,
+};
 pub use health::{Counter, Health, Readiness};
 
 use tokio_util::sync::CancellationToken;

@@ -9,27 +9,11 @@ pub struct RouterConfig {
     /// NATS connection and stream layout.
     pub bus: BusConfig,
     /// Where the memory service is.
-    pub memory: MemoryEndpoint,
+    pub memory: agentloop_lifecycle::MemoryEndpoint,
     /// Model defaults.
     pub models: ModelDefaults,
     /// Router-only settings.
     pub router: RouterSettings,
-}
-
-/// The part of `[memory]` clients read.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(default)]
-pub struct MemoryEndpoint {
-    /// gRPC URL of the memory service.
-    pub url: String,
-}
-
-impl Default for MemoryEndpoint {
-    fn default() -> Self {
-        Self {
-            url: "http://127.0.0.1:50051".to_owned(),
-        }
-    }
 }
 
 /// The part of `[models]` the router uses for model resolution.

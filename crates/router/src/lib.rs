@@ -6,7 +6,8 @@ mod config;
 mod error;
 mod route;
 
-pub use config::{MemoryEndpoint, ModelDefaults, RouterConfig, RouterSettings};
+pub use agentloop_lifecycle::MemoryEndpoint;
+pub use config::{ModelDefaults, RouterConfig, RouterSettings};
 pub use error::RouterError;
 
 use agentloop_lifecycle::{AdminServer, Health};
