@@ -11,3 +11,5 @@ mod gateway;
 mod harness;
 #[cfg(test)]
 mod recovery;
+#[cfg(test)]
+mod tracing;

@@ -137,6 +137,7 @@ pub(crate) async fn execute(
         command.model.clone()
     };
     let span = tracing::info_span!("run", run_id = %run.id, session_key = %command.session_key, attempt = run.attempts);
+    agentloop_telemetry::set_parent_from_map(&span, &command.metadata);
     let ctx = RunCtx {
         shared,
         session_id,

@@ -104,6 +104,7 @@ impl Memory {
             async move {
                 tracing::info!(addr = %local_addr, "memory grpc serving");
                 let served = tonic::transport::Server::builder()
+                    .trace_fn(agentloop_telemetry::grpc_server_span)
                     .add_service(SessionServiceServer::new(api))
                     .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned())
                     .await

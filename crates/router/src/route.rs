@@ -245,7 +245,13 @@ async fn publish_run(
         model,
         reply_subject: inbound.reply_subject,
         reply_encoding: inbound.reply_encoding,
-        metadata: inbound.metadata,
+        metadata: {
+            // The run starts later, on whichever replica owns the session: the trace goes
+            // along in the command itself.
+            let mut metadata = inbound.metadata;
+            agentloop_telemetry::inject_map(&mut metadata);
+            metadata
+        },
         received_at: inbound.received_at.or_else(|| Some(agentloop_proto::now())),
         message_id: format!("{}-{}", session.id, idempotency_key),
     };

@@ -5,8 +5,8 @@
 mod propagation;
 
 pub use propagation::{
-    GrpcTraceInjector, TracedChannel, inject_grpc, inject_nats, set_parent_from_nats,
-    traced_channel,
+    GrpcTraceInjector, TracedChannel, grpc_server_span, inject_grpc, inject_map, inject_nats,
+    set_parent_from_map, set_parent_from_nats, traced_channel,
 };
 
 use opentelemetry::trace::TracerProvider as _;

@@ -94,3 +94,61 @@ pub fn traced_channel(url: &str) -> Result<TracedChannel, tonic::transport::Erro
         GrpcTraceInjector,
     ))
 }
+
+struct MapInjector<'a>(&'a mut std::collections::HashMap<String, String>);
+
+impl Injector for MapInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key.to_owned(), value);
+    }
+}
+
+struct MapExtractor<'a>(&'a std::collections::HashMap<String, String>);
+
+impl Extractor for MapExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+}
+
+/// Writes the current span's context into a string map (a message's metadata), for work that
+/// is picked up later, outside the span that queued it.
+pub fn inject_map(map: &mut std::collections::HashMap<String, String>) {
+    let cx = tracing::Span::current().context();
+    global::get_text_map_propagator(|p| p.inject_context(&cx, &mut MapInjector(map)));
+}
+
+/// Makes `span` a child of the context carried in a string map, if any.
+pub fn set_parent_from_map(span: &tracing::Span, map: &std::collections::HashMap<String, String>) {
+    if map.contains_key("traceparent") {
+        let cx = global::get_text_map_propagator(|p| p.extract(&MapExtractor(map)));
+        let _ = span.set_parent(cx);
+    }
+}
+
+struct HttpExtractor<'a>(&'a tonic::codegen::http::HeaderMap);
+
+impl Extractor for HttpExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// Returns the span of one incoming gRPC call, a child of the caller's `traceparent` (for
+/// tonic's `Server::trace_fn`).
+pub fn grpc_server_span(request: &tonic::codegen::http::Request<()>) -> tracing::Span {
+    let span = tracing::info_span!("grpc", path = %request.uri().path());
+    if request.headers().contains_key("traceparent") {
+        let cx = global::get_text_map_propagator(|p| p.extract(&HttpExtractor(request.headers())));
+        let _ = span.set_parent(cx);
+    }
+    span
+}

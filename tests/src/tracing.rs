@@ -1,0 +1,69 @@
+//! One trace spans gateway → router → runner → memory → delivery, carried by `traceparent`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+use serde_json::json;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+use crate::harness::Sandbox;
+
+#[tokio::test]
+async fn one_trace_spans_every_service_a_message_passes_through() {
+    // Each test runs in its own process under nextest, so the global subscriber is this test's.
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("e2e")))
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .try_init()
+        .unwrap();
+    let sandbox = Sandbox::start().await.unwrap();
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        "traceparent",
+        format!("00-{trace_id}-00f067aa0ba902b7-01").as_str(),
+    );
+
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        sandbox.client.request_with_headers(
+            sandbox.subject("ask"),
+            headers,
+            json!({"sessionKey": "traced", "text": "follow me"})
+                .to_string()
+                .into(),
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(answer["text"], "echo: follow me");
+
+    let wanted: BTreeSet<&str> = ["ask", "route", "intake", "run", "deliver", "grpc"].into();
+    let seen =
+        agentloop_testkit::wait_until("spans of every service", Duration::from_secs(10), || {
+            let spans = exporter.get_finished_spans().unwrap_or_default();
+            let names: BTreeSet<String> = spans
+                .iter()
+                .filter(|s| s.span_context.trace_id().to_string() == trace_id)
+                .map(|s| s.name.to_string())
+                .collect();
+            let done = wanted.iter().all(|w| names.contains(*w));
+            async move { done.then_some(names) }
+        })
+        .await
+        .unwrap();
+    assert!(seen.contains("run"), "{seen:?}");
+    sandbox.shutdown().await.unwrap();
+}
