@@ -4,24 +4,31 @@
 # writes bench/RESULTS.md. Takes about 3 minutes; --quick about 1.
 #
 # Usage: ./scripts/bench.sh [--quick] [--no-write | --out PATH] [--keep-logs]
-#        ./scripts/bench.sh --openclaw   # side by side with OpenClaw: not available yet (it needs
-#                                        # the gateway's OpenAI-compatible HTTP endpoint)
+#        ./scripts/bench.sh --openclaw [--no-write | --out PATH] [--keep-logs]
+#   --openclaw: side by side with OpenClaw 2026.9.6 through the same OpenAI-compatible
+#   POST /v1/chat/completions and the same fake model process (about 2 minutes after the
+#   install). Installs Node 24 and OpenClaw with npm into .bench-peers/ (reused when present;
+#   BENCH_PEERS_DIR overrides) and replaces its own section of bench/RESULTS.md.
 # Environment: BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432), BENCH_RUST_LOG
-# (services' RUST_LOG, default info).
+# (services' RUST_LOG, default info), BENCH_PEERS_DIR (default .bench-peers).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$REPO_ROOT"
 
+extra=()
 for arg in "$@"; do
   if [[ "$arg" == "--openclaw" ]]; then
-    log "--openclaw is not available yet: both systems must be driven through the same"
-    log "OpenAI-compatible POST /v1/chat/completions, which agentloop's gateway does not serve yet."
-    log "PEERS.md has the steps to run OpenClaw headless once it does."
-    exit 2
+    if ! paths="$("$REPO_ROOT/bench/openclaw/install.sh" "${BENCH_PEERS_DIR:-$REPO_ROOT/.bench-peers}")"; then
+      log "--openclaw: installing OpenClaw failed (see above); the default bench does not need it"
+      exit 1
+    fi
+    node_bin="$(sed -n 's/^NODE=//p' <<<"$paths")"
+    openclaw_dir="$(sed -n 's/^OPENCLAW_DIR=//p' <<<"$paths")"
+    extra=(--node "$node_bin" --openclaw-dir "$openclaw_dir")
   fi
 done
 
 ensure_nats_server
 ensure_postgres
 cargo build --release --locked -p agentloop -p agentloop-fake-model -p agentloop-bench
-exec "$REPO_ROOT/target/release/agentloop-bench" --nats-server "$NATS_SERVER_BIN" "$@"
+exec "$REPO_ROOT/target/release/agentloop-bench" --nats-server "$NATS_SERVER_BIN" "$@" ${extra[@]+"${extra[@]}"}

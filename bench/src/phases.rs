@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use sqlx::PgPool;
 
+use crate::api::{ChatApi, WsClient};
 use crate::client::{Done, LoadClient, Tally, Trace};
 use crate::procfs::{self, CpuSnapshot};
 use crate::stack::Stack;
@@ -42,6 +43,8 @@ pub struct PhaseResult {
     pub persisted: Option<i64>,
     /// Transcript entries of those runs.
     pub transcript_entries: Option<i64>,
+    /// The first failure seen (a lost message's error), for the log.
+    pub first_error: Option<String>,
 }
 
 impl PhaseResult {
@@ -117,8 +120,33 @@ pub struct Load {
     pub per_session: usize,
     /// No new message is sent after this.
     pub max_duration: Duration,
-    /// Send through the gateway's `ask` instead of publishing inbound.
-    pub via_ask: bool,
+    /// How messages reach the stack.
+    pub via: Via,
+}
+
+/// The way a phase sends its messages.
+#[derive(Clone, Default)]
+pub enum Via {
+    /// Publish InboundMessages on JetStream, replies on `<prefix>.deliver.>`.
+    #[default]
+    Bus,
+    /// The gateway's `<prefix>.ask` request/reply.
+    Ask,
+    /// The gateway's WebSocket `agent` method at this URL, one connection per worker.
+    Ws(String),
+    /// An OpenAI-compatible `POST /v1/chat/completions`.
+    Http(ChatApi),
+}
+
+impl std::fmt::Debug for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Bus => "Bus",
+            Self::Ask => "Ask",
+            Self::Ws(_) => "Ws",
+            Self::Http(_) => "Http",
+        })
+    }
 }
 
 /// Runs one closed-loop phase and measures it.
@@ -135,69 +163,7 @@ pub async fn run(
     let _ = client.take_tally();
     let pg_before = postgres_pids(pool, &stack.db_name).await?;
     let cpu_before = CpuSnapshot::take(&all_pids(stack, &pg_before));
-    let start = Instant::now();
-    let deadline = start + load.max_duration;
-    let mut workers = Vec::with_capacity(load.concurrency);
-    for w in 0..load.concurrency {
-        let client = client.clone();
-        let load = load.clone();
-        workers.push(tokio::spawn(async move {
-            let mut done: Vec<anyhow::Result<Done>> = Vec::new();
-            let mut asked: Vec<anyhow::Result<Duration>> = Vec::new();
-            let mut session = w;
-            while session < load.sessions {
-                let key = format!("bench:{}:{session}", load.name);
-                for m in 0..load.per_session {
-                    if Instant::now() > deadline {
-                        return (done, asked);
-                    }
-                    let tag = format!("{}-{session}-{m}", load.name);
-                    if load.via_ask {
-                        asked.push(client.ask(&key, &tag).await);
-                    } else {
-                        done.push(client.send(&key, &tag).await);
-                    }
-                }
-                session += load.concurrency;
-            }
-            (done, asked)
-        }));
-    }
-    let mut result = PhaseResult {
-        name: load.name.clone(),
-        concurrency: load.concurrency,
-        runners,
-        ..Default::default()
-    };
-    for worker in workers {
-        let (done, asked) = worker.await.context("load worker panicked")?;
-        for outcome in done {
-            result.sent += 1;
-            match outcome {
-                Ok(d) if d.text_ok => {
-                    result.ok += 1;
-                    result.totals.push(d.total);
-                    if let Some(f) = d.first_delta {
-                        result.first_deltas.push(f);
-                    }
-                }
-                Ok(_) => result.wrong += 1,
-                Err(_) => result.lost += 1,
-            }
-        }
-        for outcome in asked {
-            result.sent += 1;
-            match outcome {
-                Ok(total) => {
-                    result.ok += 1;
-                    result.totals.push(total);
-                }
-                Err(err) if format!("{err:#}").contains("answered") => result.wrong += 1,
-                Err(_) => result.lost += 1,
-            }
-        }
-    }
-    result.elapsed = start.elapsed();
+    let mut result = drive(client, load, runners).await?;
     let pg_after = postgres_pids(pool, &stack.db_name).await?;
     let mut pids = all_pids(stack, &pg_before);
     pids.extend(pg_after);
@@ -232,6 +198,97 @@ pub async fn run(
     // Late duplicates would show up within this pause.
     tokio::time::sleep(Duration::from_millis(300)).await;
     result.tally = client.take_tally();
+    Ok(result)
+}
+
+/// Drives one closed-loop phase: `load.concurrency` workers, each taking its sessions in turn;
+/// counts replies and latencies (no CPU or persistence accounting).
+///
+/// # Errors
+/// When a load worker panics; lost messages are counted, not errors.
+pub async fn drive(
+    client: &LoadClient,
+    load: &Load,
+    runners: usize,
+) -> anyhow::Result<PhaseResult> {
+    let start = Instant::now();
+    let deadline = start + load.max_duration;
+    let mut workers = Vec::with_capacity(load.concurrency);
+    for w in 0..load.concurrency {
+        let client = client.clone();
+        let load = load.clone();
+        workers.push(tokio::spawn(async move {
+            let mut done: Vec<anyhow::Result<Done>> = Vec::new();
+            let mut asked: Vec<anyhow::Result<Duration>> = Vec::new();
+            let mut session = w;
+            let mut ws = match &load.via {
+                Via::Ws(url) => match WsClient::connect(url).await {
+                    Ok(ws) => Some(ws),
+                    Err(err) => {
+                        eprintln!("[bench] worker {w}: {err:#}");
+                        done.push(Err(err));
+                        return (done, asked);
+                    }
+                },
+                _ => None,
+            };
+            while session < load.sessions {
+                let key = format!("bench:{}:{session}", load.name);
+                for m in 0..load.per_session {
+                    if Instant::now() > deadline {
+                        return (done, asked);
+                    }
+                    let tag = format!("{}-{session}-{m}", load.name);
+                    match (&load.via, ws.as_mut()) {
+                        (Via::Ask, _) => asked.push(client.ask(&key, &tag).await),
+                        (Via::Ws(_), Some(ws)) => done.push(ws.agent(&key, &tag).await),
+                        (Via::Http(api), _) => done.push(api.send(&key, &tag).await),
+                        _ => done.push(client.send(&key, &tag).await),
+                    }
+                }
+                session += load.concurrency;
+            }
+            (done, asked)
+        }));
+    }
+    let mut result = PhaseResult {
+        name: load.name.clone(),
+        concurrency: load.concurrency,
+        runners,
+        ..Default::default()
+    };
+    for worker in workers {
+        let (done, asked) = worker.await.context("load worker panicked")?;
+        for outcome in done {
+            result.sent += 1;
+            match outcome {
+                Ok(d) if d.text_ok => {
+                    result.ok += 1;
+                    result.totals.push(d.total);
+                    if let Some(f) = d.first_delta {
+                        result.first_deltas.push(f);
+                    }
+                }
+                Ok(_) => result.wrong += 1,
+                Err(err) => {
+                    result.lost += 1;
+                    result.first_error.get_or_insert_with(|| format!("{err:#}"));
+                }
+            }
+        }
+        for outcome in asked {
+            result.sent += 1;
+            match outcome {
+                Ok(total) => {
+                    result.ok += 1;
+                    result.totals.push(total);
+                }
+                Err(err) if format!("{err:#}").contains("answered") => result.wrong += 1,
+                Err(_) => result.lost += 1,
+            }
+        }
+    }
+    result.elapsed = start.elapsed();
     Ok(result)
 }
 

@@ -290,6 +290,7 @@ impl Report {
 
         s.push_str(&self.summary());
         s.push_str(&self.latency_section());
+        s.push_str(&self.gateway_section());
         s.push_str(&self.throughput_section());
         s.push_str(&self.memory_section());
         s.push_str(&self.hops_section());
@@ -313,8 +314,17 @@ impl Report {
              RunCommand seen on `agentloop.run.>`, SystemEvent `ts`, `OutboundMessage.ts`, and \
              `session_inbox.enqueued_at`, `runs.started_at/finished_at`, `transcript_entries.created_at` \
              (Postgres `now()`: the statement's start).\n\
-             - OpenClaw side by side (`--openclaw`): not available yet; it needs the gateway's \
-             OpenAI-compatible HTTP endpoint. Peer figures come from `PEERS.md` (same machine type).\n",
+             - Gateway protocols: the bench's client talks to the gateway on loopback (no token). WebSocket: \
+             one connection per session, `connect` first (not timed), then each `agent` request timed to the \
+             first `agent` event with `stream: assistant, phase: delta` and to the second `res` (status `ok`, \
+             text checked); the bench's gateway runs with its per-connection rate limit raised \
+             (`AGENTLOOP_GATEWAY__RATE_LIMIT_PER_SEC`/`_BURST`), since one session in turn sends faster than \
+             the default 20/s. HTTP: `POST /v1/chat/completions`, non-streaming, `user` = session, \
+             `Idempotency-Key` = tag, keep-alive connections (reqwest), timed to the parsed JSON answer, \
+             `choices[0].message.content` checked.\n\
+             - Peer columns of the targets table come from `PEERS.md` (same machine type); \
+             `./scripts/bench.sh --openclaw` measures OpenClaw and agentloop side by side in one run \
+             (section below, when it has been run).\n",
         );
         s
     }
@@ -485,6 +495,18 @@ impl Report {
                 "lat1" => "1 session, in turn".to_owned(),
                 "lat10" => "10 sessions at once, each in turn".to_owned(),
                 "ask1" => "1 session via gateway `agentloop.ask` (request → reply)".to_owned(),
+                "ws1" => {
+                    "1 session via gateway WebSocket `agent` (request → first `agent` delta event / final `res`)"
+                        .to_owned()
+                }
+                "http1" => {
+                    "1 session via gateway `POST /v1/chat/completions` (non-streaming, request → answer)"
+                        .to_owned()
+                }
+                "http10" => format!(
+                    "{} sessions at once via `POST /v1/chat/completions`, each in turn",
+                    p.concurrency
+                ),
                 other => other.to_owned(),
             };
             let first = if f.n == 0 {
@@ -502,6 +524,60 @@ impl Report {
                 t.p90,
                 t.p99,
                 t.max
+            );
+        }
+        s.push('\n');
+        s
+    }
+
+    fn gateway_section(&self) -> String {
+        let mut s = String::new();
+        let rows: Vec<&PhaseResult> = ["ask1", "ws1", "http1", "http10"]
+            .iter()
+            .filter_map(|n| self.phase(n))
+            .collect();
+        if rows.is_empty() {
+            return s;
+        }
+        let _ = writeln!(
+            s,
+            "## Through the gateway's client protocols
+"
+        );
+        let _ = writeln!(
+            s,
+            "| protocol | sessions at once | sent | ok | wrong / lost | msg/s | to first delta p50 / p99 ms | to final answer p50 / p90 / p99 / max ms | persisted runs | stack CPU-ms/msg | of which gateway |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+        for p in rows {
+            let what = match p.name.as_str() {
+                "ask1" => "NATS `agentloop.ask`",
+                "ws1" => "WebSocket `agent`",
+                _ => "HTTP `POST /v1/chat/completions`",
+            };
+            let f = pct(&p.first_deltas);
+            let t = pct(&p.totals);
+            let first = if f.n == 0 {
+                "—".to_owned()
+            } else {
+                format!("{:.2} / {:.2}", f.p50, f.p99)
+            };
+            let _ = writeln!(
+                s,
+                "| {what} | {} | {} | {} | {} / {} | {:.0} | {first} | {:.2} / {:.2} / {:.2} / {:.2} | {} | {:.2} | {:.2} |",
+                p.concurrency,
+                p.sent,
+                p.ok,
+                p.wrong,
+                p.lost,
+                p.rate(),
+                t.p50,
+                t.p90,
+                t.p99,
+                t.max,
+                p.persisted.unwrap_or(-1),
+                p.cpu_ms_per_run(&STACK_GROUPS, self.tck),
+                p.cpu_ms_per_run(&["gateway"], self.tck)
             );
         }
         s.push('\n');

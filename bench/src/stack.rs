@@ -26,6 +26,8 @@ pub struct StackConfig {
     pub run_dir: PathBuf,
     /// `RUST_LOG` of the services.
     pub rust_log: String,
+    /// Requests the fake model keeps for `/_fake/requests` (0: none).
+    pub model_recorded: usize,
 }
 
 /// A process the bench started.
@@ -114,7 +116,7 @@ impl Stack {
             "--listen",
             &self.model_addr.to_string(),
             "--max-recorded",
-            "0",
+            &self.config.model_recorded.to_string(),
         ]);
         self.spawn("fake-model", model, None)?;
         wait_tcp(self.model_addr, Duration::from_secs(15)).await?;
@@ -124,7 +126,16 @@ impl Stack {
         self.start_service("router", "router", &[]).await?;
         self.start_service("runner", "runner", &[]).await?;
         self.start_service("delivery", "delivery", &[]).await?;
-        self.start_service("gateway", "gateway", &[]).await?;
+        // The WebSocket phases send faster than the default per-connection rate limit (20/s).
+        self.start_service(
+            "gateway",
+            "gateway",
+            &[
+                ("AGENTLOOP_GATEWAY__RATE_LIMIT_PER_SEC", "1000000"),
+                ("AGENTLOOP_GATEWAY__RATE_LIMIT_BURST", "1000000"),
+            ],
+        )
+        .await?;
         Ok(())
     }
 
@@ -278,6 +289,16 @@ impl Stack {
                 let _ = proc.child.kill().await;
             }
         }
+    }
+
+    /// The gateway's HTTP address (clients, `/ws`, `/v1/chat/completions`).
+    pub fn gateway_addr(&self) -> Option<SocketAddr> {
+        self.procs.iter().find(|p| p.name == "gateway")?.admin
+    }
+
+    /// The fake model's address.
+    pub fn model_addr(&self) -> SocketAddr {
+        self.model_addr
     }
 
     /// The scratch directory.

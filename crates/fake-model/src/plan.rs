@@ -150,7 +150,13 @@ fn conversation(protocol: Protocol, body: &Value) -> Conversation {
         let content = message.get("content").unwrap_or(&Value::Null);
         match (protocol, role) {
             (Protocol::OpenAi, "user") => {
-                conversation.last_user_text = content_text(content);
+                let text = content_text(content);
+                // Some clients (OpenClaw) append an internal context envelope as a user
+                // message after the real one; the echo is of what the person wrote.
+                if text.trim_start().starts_with("<<<BEGIN_") {
+                    continue;
+                }
+                conversation.last_user_text = text;
                 conversation.tool_results.clear();
             }
             (Protocol::OpenAi, "tool") => conversation.tool_results.push(content_text(content)),

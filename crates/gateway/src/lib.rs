@@ -90,6 +90,12 @@ impl Gateway {
         let app = agentloop_lifecycle::admin_routes(health.clone()).merge(http::routes(state));
         let http_shutdown = shutdown.clone();
         let http = tokio::spawn(async move {
+            // Small frames (a streamed word, a `res`) must leave at once, not wait for Nagle.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(err) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+                }
+            });
             let served = axum::serve(
                 listener,
                 app.into_make_service_with_connect_info::<SocketAddr>(),
