@@ -294,6 +294,8 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
             shared.owner_id.clone()
         },
         claim_ttl_ms: u32::try_from(shared.settings.lease_ttl_ms).unwrap_or(u32::MAX),
+        take_when_claimed: true,
+        history_limit: shared.settings.history_limit,
     };
     let memory = shared.memory.clone();
     let enqueued = with_retry("enqueue", || {
@@ -327,7 +329,7 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
         tracing::warn!(error = %err, "ack failed; a redelivery will be absorbed by the inbox");
     }
     if enqueued.claimed {
-        start_owner(shared, &command.session_id, enqueued.epoch);
+        start_owner(shared, &command.session_id, enqueued.epoch, enqueued.taken);
         return;
     }
     if request.claim_owner.is_empty() {
@@ -341,7 +343,12 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
 }
 
 /// Starts the owner task of a session whose lease this replica just took.
-fn start_owner(shared: &Arc<Shared>, session_id: &str, epoch: i64) {
+fn start_owner(
+    shared: &Arc<Shared>,
+    session_id: &str,
+    epoch: i64,
+    first: Option<agentloop_proto::v1::TakeNextResponse>,
+) {
     // A previous owner of this replica may still be exiting; the new signals replace its own,
     // and it only ever removes the entry that is its own.
     if let Ok(mut owned) = shared.owned.lock() {
@@ -351,7 +358,7 @@ fn start_owner(shared: &Arc<Shared>, session_id: &str, epoch: i64) {
     let shared2 = shared.clone();
     let session_id = session_id.to_owned();
     shared.tracker.spawn(async move {
-        owner::own(shared2, session_id, epoch).await;
+        owner::own(shared2, session_id, epoch, first).await;
     });
 }
 
@@ -407,7 +414,7 @@ pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str) {
     })
     .await;
     match claimed {
-        Ok(response) if response.claimed => start_owner(shared, session_id, response.epoch),
+        Ok(response) if response.claimed => start_owner(shared, session_id, response.epoch, None),
         Ok(_) => {}
         Err(err) => tracing::warn!(error = %err, "claim failed, the next sweep tries again"),
     }

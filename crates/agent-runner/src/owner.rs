@@ -6,7 +6,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_proto::v1::{ReleaseSessionRequest, RenewLeaseRequest, TakeNextRequest};
+use agentloop_proto::v1::{
+    ReleaseSessionRequest, RenewLeaseRequest, TakeNextRequest, TakeNextResponse,
+};
 
 use crate::control::SessionSignals;
 use crate::error::MemoryCallError;
@@ -15,7 +17,12 @@ use crate::memory::with_retry;
 use crate::run;
 
 /// Runs the session's inputs while this replica holds the lease of `epoch`.
-pub(crate) async fn own(shared: Arc<Shared>, session_id: String, epoch: i64) {
+pub(crate) async fn own(
+    shared: Arc<Shared>,
+    session_id: String,
+    epoch: i64,
+    first: Option<TakeNextResponse>,
+) {
     let span = tracing::info_span!("own", session_id = %session_id, epoch);
     async {
         let signals = shared
@@ -31,7 +38,7 @@ pub(crate) async fn own(shared: Arc<Shared>, session_id: String, epoch: i64) {
             epoch,
             lease_lost.clone(),
         ));
-        owner_loop(&shared, &session_id, epoch, &lease_lost, &signals).await;
+        owner_loop(&shared, &session_id, epoch, &lease_lost, &signals, first).await;
         renewer.abort();
         if shared.abandon.is_cancelled() && !lease_lost.is_cancelled() {
             // The drain time ran out mid-run: what the run persisted stays, and the next owner
@@ -50,6 +57,7 @@ async fn owner_loop(
     epoch: i64,
     lease_lost: &CancellationToken,
     signals: &Arc<SessionSignals>,
+    mut first: Option<TakeNextResponse>,
 ) {
     loop {
         if lease_lost.is_cancelled() {
@@ -73,12 +81,18 @@ async fn owner_loop(
             history_limit: shared.settings.history_limit,
         };
         let memory = shared.memory.clone();
-        let taken = with_retry("take_next", || {
-            let mut memory = memory.clone();
-            let request = request.clone();
-            async move { memory.take_next(request).await }
-        })
-        .await;
+        // The claim may have taken the first input already.
+        let taken = match first.take() {
+            Some(taken) => Ok(taken),
+            None => {
+                with_retry("take_next", || {
+                    let mut memory = memory.clone();
+                    let request = request.clone();
+                    async move { memory.take_next(request).await }
+                })
+                .await
+            }
+        };
         match taken {
             Ok(next) => match (next.item, next.run) {
                 (Some(item), Some(run)) => {

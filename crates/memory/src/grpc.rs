@@ -205,12 +205,27 @@ impl SessionApi {
                 parse_ttl(req.claim_ttl_ms)?,
             )
             .await?;
+        // The new owner's first call would be TakeNext: answering it here saves a round trip.
+        let taken = if claim.claimed && req.take_when_claimed {
+            Some(
+                self.take_next(pb::TakeNextRequest {
+                    session_id: req.session_id.clone(),
+                    epoch: claim.epoch,
+                    owner: req.claim_owner.clone(),
+                    history_limit: req.history_limit,
+                })
+                .await?,
+            )
+        } else {
+            None
+        };
         Ok(pb::EnqueueResponse {
             inserted: enqueued.inserted,
             seq: enqueued.seq,
             claimed: claim.claimed,
             epoch: claim.epoch,
             owner: claim.owner.unwrap_or_default(),
+            taken,
         })
     }
 
