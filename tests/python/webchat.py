@@ -18,7 +18,7 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         page = browser.new_page()
         page.goto(url)
-        page.wait_for_selector("body[data-connected=true]", timeout=15000)
+        page.wait_for_selector("body[data-connected=true]", timeout=45000)
         page.fill("#session", session)
         page.dispatch_event("#session", "change")
         page.fill("#input", message)
@@ -27,11 +27,11 @@ def main() -> None:
         page.wait_for_function(
             "() => { const b = document.querySelector('.msg.assistant');"
             " return b && b.textContent.length > 0 && !document.querySelector('[data-status]'); }",
-            timeout=15000,
+            timeout=45000,
         )
         partial = page.text_content(".msg.assistant")
-        page.wait_for_selector(".tool.done", timeout=15000)
-        page.wait_for_selector(".run-status[data-status=ok]", timeout=20000)
+        page.wait_for_selector(".tool.done", timeout=45000)
+        page.wait_for_selector(".run-status[data-status=ok]", timeout=45000)
         page.screenshot(path=screenshot, full_page=True)
         print(json.dumps({
             "partial": partial,

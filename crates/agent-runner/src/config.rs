@@ -23,6 +23,9 @@ pub struct RunnerConfig {
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(default)]
 pub struct AgentConfig {
+    /// The agent's model (`provider/model`), applied by the router between a session's
+    /// override and the global default.
+    pub model: String,
     /// Who the agent is (first line of the system prompt); empty derives it from the id.
     pub identity: String,
     /// Standing instructions; empty uses `runner.system_prompt`.
@@ -46,6 +49,7 @@ pub struct AgentConfig {
 impl Default for AgentConfig {
     fn default() -> Self {
         Self {
+            model: String::new(),
             identity: String::new(),
             instructions: String::new(),
             tools_allow: vec!["*".to_owned()],

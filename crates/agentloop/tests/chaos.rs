@@ -525,8 +525,9 @@ async fn a_tool_that_finished_before_the_crash_is_not_executed_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarting_nats_mid_load_answers_every_accepted_message_once() {
-    // Arrange
-    let nats = NatsServer::start().unwrap();
+    // Arrange: a broker configured to survive a crash (every stored message synced), since
+    // replies are counted from a stream on the same broker.
+    let nats = NatsServer::start_durable().unwrap();
     let db = TestDatabase::create().await.unwrap();
     let fake = FakeModel::start(FakeModelConfig::default()).await.unwrap();
     let client = async_nats::connect(nats.url()).await.unwrap();

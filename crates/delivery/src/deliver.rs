@@ -107,15 +107,20 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
         }
         match deliver(ctx, &outbound).await {
             Ok(()) => {
+                // The ack goes out, and the reply counts as delivered, only once the server
+                // has the delivery: a reply lost with a dying connection must be redelivered,
+                // not absorbed as a duplicate.
+                if let Err(err) = ctx.bus.client().flush().await {
+                    tracing::warn!(error = %err, "flush after delivery failed, it will be redelivered");
+                    let _ = msg
+                        .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
+                        .await;
+                    return;
+                }
                 if let Some(key) = key
                     && let Ok(mut recent) = ctx.recent.lock()
                 {
                     recent.insert(key);
-                }
-                // The ack goes out only once the server has the delivery: acked but never
-                // delivered would lose the reply.
-                if let Err(err) = ctx.bus.client().flush().await {
-                    tracing::warn!(error = %err, "flush before ack failed");
                 }
                 let _ = msg.ack().await;
             }

@@ -14,6 +14,16 @@ pub struct RouterConfig {
     pub models: ModelDefaults,
     /// Router-only settings.
     pub router: RouterSettings,
+    /// The part of `[agents.<id>]` the router uses: each agent's model.
+    pub agents: std::collections::BTreeMap<String, AgentModel>,
+}
+
+/// An agent's model (`[agents.<id>] model`), between a session's override and the default.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct AgentModel {
+    /// `provider/model`; empty for the global default.
+    pub model: String,
 }
 
 /// The part of `[models]` the router uses for model resolution.

@@ -7,7 +7,7 @@ mod error;
 mod route;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
-pub use config::{ModelDefaults, RouterConfig, RouterSettings};
+pub use config::{AgentModel, ModelDefaults, RouterConfig, RouterSettings};
 pub use error::RouterError;
 
 use agentloop_lifecycle::{AdminServer, Health};

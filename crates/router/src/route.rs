@@ -224,7 +224,18 @@ async fn publish_run(
     if inbound.text.trim() == "/stop" {
         return stop(ctx, &session.id, inbound).await;
     }
-    let model = resolve_model(&ctx.config, &session.model_override);
+    let agent_id = if inbound.agent_id.is_empty() {
+        session.agent_id.as_str()
+    } else {
+        inbound.agent_id.as_str()
+    };
+    let agent_model = ctx
+        .config
+        .agents
+        .get(agent_id)
+        .map(|agent| agent.model.clone())
+        .unwrap_or_default();
+    let model = resolve_model(&ctx.config, &session.model_override, &agent_model);
     let command = RunCommand {
         session_id: session.id.clone(),
         session_key: inbound.session_key,
@@ -330,13 +341,16 @@ async fn stop(ctx: &mut Ctx, session_id: &str, inbound: InboundMessage) -> Resul
         .map_err(|e| error_chain(&e))
 }
 
-/// Session override > global default, and only within the allowlist when one is set.
-fn resolve_model(config: &RouterConfig, session_override: &str) -> String {
+/// Session override > agent config > global default, each only within the allowlist when one
+/// is set.
+fn resolve_model(config: &RouterConfig, session_override: &str, agent_model: &str) -> String {
     let allowed = |m: &str| {
         config.models.allowlist.is_empty() || config.models.allowlist.iter().any(|a| a == m)
     };
-    if !session_override.is_empty() && allowed(session_override) {
-        return session_override.to_owned();
+    for candidate in [session_override, agent_model] {
+        if !candidate.is_empty() && allowed(candidate) {
+            return candidate.to_owned();
+        }
     }
     config.models.default_model.clone()
 }
@@ -358,9 +372,17 @@ mod tests {
     fn session_override_wins_only_inside_the_allowlist() {
         let mut config = RouterConfig::default();
         config.models.default_model = "openai/a".into();
-        assert_eq!(resolve_model(&config, "anthropic/b"), "anthropic/b");
+        assert_eq!(resolve_model(&config, "anthropic/b", ""), "anthropic/b");
+        assert_eq!(resolve_model(&config, "", "openai/agent"), "openai/agent");
+        assert_eq!(
+            resolve_model(&config, "anthropic/b", "openai/agent"),
+            "anthropic/b"
+        );
         config.models.allowlist = vec!["openai/a".into()];
-        assert_eq!(resolve_model(&config, "anthropic/b"), "openai/a");
-        assert_eq!(resolve_model(&config, ""), "openai/a");
+        assert_eq!(
+            resolve_model(&config, "anthropic/b", "openai/x"),
+            "openai/a"
+        );
+        assert_eq!(resolve_model(&config, "", ""), "openai/a");
     }
 }

@@ -53,7 +53,16 @@ impl NatsServer {
     /// # Errors
     /// When the binary is missing or the server does not report its port in time.
     pub fn start() -> anyhow::Result<Self> {
-        Self::start_on(None, None)
+        Self::spawn(None, None, false)
+    }
+
+    /// Starts a server that syncs every JetStream write to disk, so a `kill -9` loses nothing
+    /// it acknowledged or stored (what a broker that must survive crashes is configured to do).
+    ///
+    /// # Errors
+    /// When the binary is missing or the server does not report its port in time.
+    pub fn start_durable() -> anyhow::Result<Self> {
+        Self::spawn(None, None, true)
     }
 
     /// Starts a server on `port` (or a free one) with its store in `dir` (or a fresh one); used
@@ -62,13 +71,23 @@ impl NatsServer {
     /// # Errors
     /// When the binary is missing or the server does not report its port in time.
     pub fn start_on(port: Option<u16>, dir: Option<PathBuf>) -> anyhow::Result<Self> {
+        Self::spawn(port, dir, true)
+    }
+
+    fn spawn(port: Option<u16>, dir: Option<PathBuf>, durable: bool) -> anyhow::Result<Self> {
         let dir = dir.unwrap_or_else(|| {
             std::env::temp_dir().join(format!("agentloop-nats-{}", uuid::Uuid::new_v4().simple()))
         });
         std::fs::create_dir_all(&dir)?;
         let bin = nats_server_bin();
         let port_arg = port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
-        let child = Command::new(&bin)
+        let mut command = Command::new(&bin);
+        if durable {
+            let conf = dir.join("durable.conf");
+            std::fs::write(&conf, "jetstream {\n  sync_interval: always\n}\n")?;
+            command.arg("-c").arg(conf);
+        }
+        let child = command
             .args(["-js", "-a", "127.0.0.1", "-p", &port_arg, "-sd"])
             .arg(dir.join("js"))
             .arg("--ports_file_dir")
