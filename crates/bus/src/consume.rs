@@ -18,6 +18,9 @@ pub struct Deliveries {
     durable: String,
     stream: Option<pull::Stream>,
     errors: u32,
+    connections: tokio::sync::watch::Receiver<u64>,
+    /// False once the connection's event source is gone (the client closed).
+    watching: bool,
 }
 
 impl Bus {
@@ -30,12 +33,16 @@ impl Bus {
         kind: StreamKind,
         durable: &str,
     ) -> Result<Deliveries, BusError> {
+        let mut connections = self.connections.clone();
+        connections.borrow_and_update();
         let mut deliveries = Deliveries {
             bus: self.clone(),
             kind,
             durable: durable.to_owned(),
             stream: None,
             errors: 0,
+            connections,
+            watching: true,
         };
         deliveries.stream = Some(deliveries.open().await?);
         Ok(deliveries)
@@ -78,7 +85,21 @@ impl Deliveries {
                 }
                 continue;
             };
-            match stream.next().await {
+            let next = tokio::select! {
+                next = stream.next() => next,
+                changed = self.connections.changed(), if self.watching => {
+                    if changed.is_ok() {
+                        // The server may have restarted and forgotten this consumer's pull
+                        // request: a new stream pulls again at once instead of after expiry.
+                        tracing::info!(consumer = %self.durable, "reconnected, reopening the consumer stream");
+                        self.stream = None;
+                    } else {
+                        self.watching = false;
+                    }
+                    continue;
+                }
+            };
+            match next {
                 Some(Ok(msg)) => {
                     self.errors = 0;
                     return msg;

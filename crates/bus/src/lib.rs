@@ -35,6 +35,9 @@ pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
 #[derive(Clone)]
 pub struct Bus {
     client: async_nats::Client,
+    /// Counts (re)connections: consumers reopen their pull streams when it moves, since a
+    /// restarted server has forgotten their outstanding pull requests.
+    connections: tokio::sync::watch::Receiver<u64>,
     js: jetstream::Context,
     subjects: Subjects,
     config: BusConfig,
@@ -46,7 +49,21 @@ impl Bus {
     /// # Errors
     /// [`BusError`] when the server is unreachable, too old, or refuses the stream settings.
     pub async fn connect(config: &BusConfig, service: &str) -> Result<Self, BusError> {
+        let (connected_tx, connections) = tokio::sync::watch::channel(0_u64);
         let client = async_nats::ConnectOptions::new()
+            .event_callback(move |event| {
+                let connected_tx = connected_tx.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            connected_tx.send_modify(|n| *n += 1);
+                            tracing::info!("nats connected");
+                        }
+                        async_nats::Event::Disconnected => tracing::warn!("nats disconnected"),
+                        other => tracing::info!(event = %other, "nats event"),
+                    }
+                }
+            })
             .name(format!("agentloop-{service}"))
             .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
             .connect(config.url.as_str())
@@ -65,6 +82,7 @@ impl Bus {
         let js = jetstream::new(client.clone());
         let bus = Self {
             client,
+            connections,
             js,
             subjects: Subjects::new(&config.prefix),
             config: config.clone(),

@@ -195,30 +195,32 @@ impl SessionApi {
                 ..Default::default()
             });
         }
-        let (enqueued, claim) = store
-            .enqueue_and_claim(
+        // The new owner's first call would be TakeNext: answering it here, in the same
+        // transaction, saves a round trip and a commit.
+        let (enqueued, claim, taken) = store
+            .enqueue_claim_take(
                 session_id,
                 &req.idempotency_key,
                 kind,
                 &req.payload,
                 &req.claim_owner,
                 parse_ttl(req.claim_ttl_ms)?,
+                req.take_when_claimed.then_some(req.history_limit),
             )
             .await?;
-        // The new owner's first call would be TakeNext: answering it here saves a round trip.
-        let taken = if claim.claimed && req.take_when_claimed {
-            Some(
-                self.take_next(pb::TakeNextRequest {
-                    session_id: req.session_id.clone(),
-                    epoch: claim.epoch,
-                    owner: req.claim_owner.clone(),
-                    history_limit: req.history_limit,
-                })
-                .await?,
-            )
-        } else {
-            None
-        };
+        let taken = taken.map(|(taken, history)| match taken {
+            Some(taken) => pb::TakeNextResponse {
+                item: Some(pb::InboxItem {
+                    seq: taken.item.seq,
+                    idempotency_key: taken.item.idempotency_key,
+                    kind: taken.item.kind,
+                    payload: taken.item.payload,
+                }),
+                run: Some(run_message(taken.run)),
+                history: history.into_iter().map(entry_message).collect(),
+            },
+            None => pb::TakeNextResponse::default(),
+        });
         Ok(pb::EnqueueResponse {
             inserted: enqueued.inserted,
             seq: enqueued.seq,

@@ -38,8 +38,8 @@ pub struct Enqueued {
 }
 
 #[derive(sqlx::FromRow)]
-struct TakeRow {
-    held: bool,
+pub(crate) struct TakeRow {
+    pub(crate) held: bool,
     seq: Option<i64>,
     idempotency_key: Option<String>,
     kind: Option<String>,
@@ -126,51 +126,69 @@ impl Store {
         epoch: i64,
         owner: &str,
     ) -> Result<Option<Taken>, MemoryError> {
-        let row = sqlx::query_as::<_, TakeRow>(include_str!("queries/take_next.sql"))
-            .bind(session_id)
-            .bind(epoch)
-            .bind(owner)
-            .bind(Uuid::now_v7())
-            .fetch_one(&self.pool)
+        let row = take_on(&self.pool, session_id, epoch, owner)
             .await
             .map_err(|err| translate(err, session_id))?;
         if !row.held {
             return Err(self.lease_failure(session_id, epoch).await);
         }
-        let TakeRow {
-            seq: Some(seq),
-            idempotency_key: Some(idempotency_key),
-            kind: Some(kind),
-            payload: Some(payload),
-            run_id: Some(run_id),
-            status: Some(status),
-            attempts: Some(attempts),
-            started_at: Some(started_at),
-            finished_at,
-            ..
-        } = row
-        else {
-            return Ok(None);
-        };
-        Ok(Some(Taken {
-            item: InboxItem {
-                seq,
-                idempotency_key,
-                kind,
-                payload,
-            },
-            run: Run {
-                id: run_id,
-                session_id,
-                inbox_seq: seq,
-                status,
-                attempts,
-                started_at,
-                finished_at,
-            },
-        }))
+        Ok(taken_from(row, session_id))
     }
+}
 
+/// Runs the fenced take on any executor (the pool, or a transaction).
+pub(crate) async fn take_on<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    session_id: Uuid,
+    epoch: i64,
+    owner: &str,
+) -> Result<TakeRow, sqlx::Error> {
+    sqlx::query_as::<_, TakeRow>(include_str!("queries/take_next.sql"))
+        .bind(session_id)
+        .bind(epoch)
+        .bind(owner)
+        .bind(Uuid::now_v7())
+        .fetch_one(executor)
+        .await
+}
+
+/// Returns the taken input and its run, `None` when the inbox was empty.
+pub(crate) fn taken_from(row: TakeRow, session_id: Uuid) -> Option<Taken> {
+    let TakeRow {
+        seq: Some(seq),
+        idempotency_key: Some(idempotency_key),
+        kind: Some(kind),
+        payload: Some(payload),
+        run_id: Some(run_id),
+        status: Some(status),
+        attempts: Some(attempts),
+        started_at: Some(started_at),
+        finished_at,
+        ..
+    } = row
+    else {
+        return None;
+    };
+    Some(Taken {
+        item: InboxItem {
+            seq,
+            idempotency_key,
+            kind,
+            payload,
+        },
+        run: Run {
+            id: run_id,
+            session_id,
+            inbox_seq: seq,
+            status,
+            attempts,
+            started_at,
+            finished_at,
+        },
+    })
+}
+
+impl Store {
     /// Marks the run's input consumed, the run finished with `outcome` and adds its tokens to
     /// the session, in one transaction fenced by `epoch`. Returns false when a previous call had
     /// already done it (a retry changes nothing).

@@ -124,6 +124,38 @@ impl Store {
         owner: &str,
         ttl: std::time::Duration,
     ) -> Result<(super::Enqueued, super::Claim), MemoryError> {
+        let (enqueued, claim, _) = self
+            .enqueue_claim_take(session_id, idempotency_key, kind, payload, owner, ttl, None)
+            .await?;
+        Ok((enqueued, claim))
+    }
+
+    /// Like [`Store::enqueue_and_claim`]; when the claim succeeds and `take_with_history` is
+    /// set, also takes the next input (as [`Store::take_next`]) and reads that much history,
+    /// all in one transaction: one commit where there would be two.
+    ///
+    /// # Errors
+    /// [`MemoryError::SessionNotFound`], or a database error.
+    #[allow(clippy::too_many_arguments)] // one statement's parameters, plus what to take along
+    pub async fn enqueue_claim_take(
+        &self,
+        session_id: Uuid,
+        idempotency_key: &str,
+        kind: super::InboxKind,
+        payload: &[u8],
+        owner: &str,
+        ttl: std::time::Duration,
+        take_with_history: Option<u32>,
+    ) -> Result<
+        (
+            super::Enqueued,
+            super::Claim,
+            Option<(Option<super::Taken>, Vec<super::Entry>)>,
+        ),
+        MemoryError,
+    > {
+        let fail = |err| translate(err, session_id);
+        let mut tx = self.pool.begin().await.map_err(fail)?;
         let row = sqlx::query_as::<_, EnqueueClaimRow>(include_str!("queries/enqueue_claim.sql"))
             .bind(session_id)
             .bind(idempotency_key)
@@ -131,9 +163,30 @@ impl Store {
             .bind(payload)
             .bind(owner)
             .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *tx)
             .await
-            .map_err(|err| translate(err, session_id))?;
+            .map_err(fail)?;
+        let Some(epoch) = row.epoch else {
+            return Err(MemoryError::SessionNotFound(session_id));
+        };
+        let taken = match take_with_history {
+            Some(limit) if row.claimed => {
+                let take = super::inbox::take_on(&mut *tx, session_id, epoch, owner)
+                    .await
+                    .map_err(fail)?;
+                let taken = super::inbox::taken_from(take, session_id);
+                let history = if taken.is_some() && limit > 0 {
+                    super::transcript::history_on(&mut *tx, session_id, limit)
+                        .await
+                        .map_err(fail)?
+                } else {
+                    Vec::new()
+                };
+                Some((taken, history))
+            }
+            _ => None,
+        };
+        tx.commit().await.map_err(fail)?;
         let enqueued = match (row.new_seq, row.old_seq) {
             (Some(seq), _) => super::Enqueued {
                 inserted: true,
@@ -149,9 +202,6 @@ impl Store {
                     .await?
             }
         };
-        let Some(epoch) = row.epoch else {
-            return Err(MemoryError::SessionNotFound(session_id));
-        };
         Ok((
             enqueued,
             super::Claim {
@@ -159,6 +209,7 @@ impl Store {
                 epoch,
                 owner: row.owner,
             },
+            taken,
         ))
     }
 }

@@ -11,6 +11,19 @@ pub(crate) struct Appended {
     pub(crate) appended: i64,
 }
 
+/// Reads the newest `limit` entries, oldest first, on any executor.
+pub(crate) async fn history_on<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    session_id: Uuid,
+    limit: u32,
+) -> Result<Vec<Entry>, sqlx::Error> {
+    sqlx::query_as::<_, Entry>(include_str!("queries/get_history.sql"))
+        .bind(session_id)
+        .bind(i64::from(limit))
+        .fetch_all(executor)
+        .await
+}
+
 /// Runs the fenced multi-row append on any executor (the pool, or a transaction).
 pub(crate) async fn append_on<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
@@ -59,10 +72,7 @@ impl Store {
         session_id: Uuid,
         limit: u32,
     ) -> Result<Vec<Entry>, MemoryError> {
-        sqlx::query_as::<_, Entry>(include_str!("queries/get_history.sql"))
-            .bind(session_id)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+        history_on(&self.pool, session_id, limit)
             .await
             .map_err(|err| translate(err, session_id))
     }

@@ -15,13 +15,13 @@ WITH lease AS (
     WHERE r.id = $3 AND r.inbox_seq = $4
 ), consumed AS (
     UPDATE session_inbox AS i
-    SET consumed_at = now(), run_id = target.id
+    SET consumed_at = clock_timestamp(), run_id = target.id
     FROM target
     WHERE i.seq = $4 AND i.session_id = $1 AND i.consumed_at IS NULL
     RETURNING i.seq
 ), finished AS (
     UPDATE runs AS r
-    SET status = $5, finished_at = now(), error = $6, model = $7,
+    SET status = $5, finished_at = clock_timestamp(), error = $6, model = $7,
         input_tokens = $8, output_tokens = $9, provider = $10, profile = $11
     FROM target
     WHERE r.id = target.id AND r.finished_at IS NULL

@@ -17,13 +17,13 @@ WITH lease AS (
 ), run AS (
     INSERT INTO runs AS r
         (id, session_id, inbox_seq, idempotency_key, status, attempts, epoch, owner, started_at)
-    SELECT $4, $1, item.seq, item.idempotency_key, 'running', 1, $2, $3, now()
+    SELECT $4, $1, item.seq, item.idempotency_key, 'running', 1, $2, $3, clock_timestamp()
     FROM item
     ON CONFLICT (inbox_seq) DO UPDATE
     SET attempts = r.attempts + 1,
         epoch = EXCLUDED.epoch,
         owner = EXCLUDED.owner,
-        resumed_at = now(),
+        resumed_at = clock_timestamp(),
         status = 'running'
     RETURNING r.id, r.status, r.attempts, r.started_at, r.finished_at
 )
