@@ -153,16 +153,8 @@ async fn two_tools_in_sequence_each_use_the_previous_result_then_the_run_answers
     sandbox
         .fake
         .push_script(ScriptedReply::text("the answer is 3"));
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.*.*"))
-        .await
-        .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.*.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json("cli", json!({"sessionKey": "seq", "text": "count for me"}))
@@ -236,11 +228,7 @@ async fn a_batch_runs_parallel_safe_calls_together_and_the_other_alone() {
     sandbox
         .fake
         .push_script(ScriptedReply::text("all three done"));
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json("cli", json!({"sessionKey": "batch", "text": "go"}))
@@ -286,16 +274,8 @@ async fn steering_during_a_batch_skips_unstarted_calls_and_reaches_the_next_turn
     sandbox
         .fake
         .push_script(ScriptedReply::text("changed course"));
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.*.*"))
-        .await
-        .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.*.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json(
@@ -363,11 +343,7 @@ async fn steering_during_a_batch_skips_unstarted_calls_and_reaches_the_next_turn
 #[tokio::test]
 async fn a_follow_up_runs_after_the_live_run_in_the_same_execution() {
     let sandbox = Sandbox::start().await.unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json(
@@ -422,11 +398,7 @@ async fn a_follow_up_runs_after_the_live_run_in_the_same_execution() {
 #[tokio::test]
 async fn collect_merges_three_queued_messages_into_one_turn() {
     let sandbox = Sandbox::start().await.unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json(
@@ -482,16 +454,8 @@ async fn collect_merges_three_queued_messages_into_one_turn() {
 #[tokio::test]
 async fn interrupt_aborts_the_live_run_and_answers_the_new_message() {
     let sandbox = Sandbox::start().await.unwrap();
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.*.*"))
-        .await
-        .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.*.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json(
@@ -564,16 +528,8 @@ async fn budgets_end_runs_with_their_reason() {
     })
     .await
     .unwrap();
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.*.*"))
-        .await
-        .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.*.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     // A model that always asks for a tool is stopped by the turn budget.
     for _ in 0..5 {
@@ -676,11 +632,7 @@ async fn a_remote_tool_in_another_process_is_discovered_and_called() {
         .unwrap()
         .unwrap();
     assert!(ready.starts_with("ready"));
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     // Until the runner has heard the announcement the model is offered no word_count; retry.
     let deadline = Instant::now() + WAIT;
@@ -770,11 +722,7 @@ async fn an_external_before_tool_call_hook_blocks_a_call_and_the_model_sees_why(
     sandbox
         .fake
         .push_script(ScriptedReply::text("I cannot tell the time"));
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json(
@@ -814,11 +762,7 @@ async fn send_message_delivers_once_and_the_final_reply_is_not_duplicated() {
     sandbox
         .fake
         .push_script(ScriptedReply::text("hello via tool"));
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     let ask = sandbox.client.request(
         sandbox.subject("ask"),
@@ -853,16 +797,8 @@ async fn send_message_delivers_once_and_the_final_reply_is_not_duplicated() {
 #[tokio::test]
 async fn the_stop_command_aborts_the_live_run() {
     let sandbox = Sandbox::start().await.unwrap();
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.*.*"))
-        .await
-        .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.*.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
     sandbox
         .publish_json(
             "cli",
@@ -920,11 +856,7 @@ async fn a_long_tool_call_emits_update_events_between_start_and_result() {
         .fake
         .push_script(ScriptedReply::tool_call("slow", json!({})));
     sandbox.fake.push_script(ScriptedReply::text("done"));
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.*.*"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.*.*").await;
 
     sandbox
         .publish_json("cli", json!({"sessionKey": "upd", "text": "go"}))

@@ -24,16 +24,8 @@ async fn session_id(pool: &sqlx::PgPool, key: &str) -> anyhow::Result<String> {
 async fn a_json_inbound_message_streams_events_replies_once_and_is_persisted() {
     // Arrange
     let sandbox = Sandbox::start().await.unwrap();
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.>"))
-        .await
-        .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.cli.>"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.>").await;
+    let mut replies = sandbox.subscribe("deliver.cli.>").await;
 
     // Act
     sandbox
@@ -162,11 +154,7 @@ async fn ask_answers_json_with_json_and_protobuf_with_protobuf() {
 #[tokio::test]
 async fn one_session_runs_in_turn_while_two_sessions_run_at_once() {
     let sandbox = Sandbox::start().await.unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     // Each answer takes at least 400 ms, so overlap (or its absence) is visible in the runs table.
     for (key, text) in [("s:a", "a1"), ("s:a", "a2"), ("s:b", "b1")] {
@@ -224,11 +212,7 @@ async fn one_session_runs_in_turn_while_two_sessions_run_at_once() {
 #[tokio::test]
 async fn the_second_message_sees_the_first_exchange_in_its_context() {
     let sandbox = Sandbox::start().await.unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json(
@@ -275,21 +259,9 @@ async fn the_second_message_sees_the_first_exchange_in_its_context() {
 #[tokio::test]
 async fn bad_input_is_dead_lettered_with_the_reason_and_the_next_message_is_answered() {
     let sandbox = Sandbox::start().await.unwrap();
-    let mut dlq = sandbox
-        .client
-        .subscribe(sandbox.subject("dlq.>"))
-        .await
-        .unwrap();
-    let mut errors = sandbox
-        .client
-        .subscribe(sandbox.subject("events.dlq.*"))
-        .await
-        .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut dlq = sandbox.subscribe("dlq.>").await;
+    let mut errors = sandbox.subscribe("events.dlq.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
     let inbound = sandbox.subject("inbound.cli");
 
     sandbox
@@ -353,16 +325,8 @@ async fn bad_input_is_dead_lettered_with_the_reason_and_the_next_message_is_answ
 #[tokio::test]
 async fn a_model_answering_500_gives_a_lifecycle_error_and_an_error_reply() {
     let sandbox = Sandbox::start().await.unwrap();
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.*.*"))
-        .await
-        .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.*.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
 
     sandbox
         .publish_json(

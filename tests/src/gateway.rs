@@ -318,11 +318,7 @@ async fn calls_before_connect_wrong_tokens_and_oversized_frames_are_refused_clea
 async fn chat_abort_publishes_an_abort_on_the_sessions_control_subject() {
     // Arrange
     let sandbox = Sandbox::start().await.unwrap();
-    let mut control = sandbox
-        .client
-        .subscribe(sandbox.subject("control.*"))
-        .await
-        .unwrap();
+    let mut control = sandbox.subscribe("control.*").await;
     let mut client = Client::connected(&sandbox, None).await.unwrap();
 
     // Act

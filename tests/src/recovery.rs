@@ -79,11 +79,7 @@ async fn each_step_of_the_recovery_chain_happens_in_order() {
     })
     .await
     .unwrap();
-    let mut events = sandbox
-        .client
-        .subscribe(sandbox.subject("events.*.*"))
-        .await
-        .unwrap();
+    let mut events = sandbox.subscribe("events.*.*").await;
 
     // 1. Context overflow: the history is compacted into a summary and the call retried.
     assert_eq!(
@@ -237,11 +233,7 @@ async fn a_profile_cooling_down_on_one_runner_is_skipped_by_another() {
     })
     .await
     .unwrap();
-    let mut replies = sandbox
-        .client
-        .subscribe(sandbox.subject("deliver.>"))
-        .await
-        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
     sandbox.fake.state().fail_key("key-a", Some(Failure::Auth));
     sandbox
         .publish_json("cli", json!({"sessionKey": "one", "text": "first"}))

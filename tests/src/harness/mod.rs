@@ -235,6 +235,14 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Subscribes to `<prefix>.<rest>` with the sandbox's client.
+    pub async fn subscribe(&self, rest: &str) -> async_nats::Subscriber {
+        self.client
+            .subscribe(self.subject(rest))
+            .await
+            .expect("the sandbox's nats-server accepts subscriptions")
+    }
+
     pub fn subject(&self, rest: &str) -> String {
         format!("{}.{}", self.prefix, rest)
     }
