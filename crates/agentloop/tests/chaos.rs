@@ -527,10 +527,6 @@ async fn a_tool_that_finished_before_the_crash_is_not_executed_again() {
     stack.stop_all(Duration::from_secs(10)).await;
 }
 
-// Fails about one run in six or eight: a first message accepted just before the broker
-// dies sometimes gets no reply within 40 s. Not yet explained (the consumers reconnect and
-// reopen their streams within 0.5 s); run it with `cargo nextest run --run-ignored all`.
-#[ignore = "flaky: a message accepted just before a broker kill is sometimes not answered (issue 5)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarting_nats_mid_load_answers_every_accepted_message_once() {
     // Arrange: a broker configured to survive a crash (every stored message synced), since

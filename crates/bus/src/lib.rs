@@ -284,6 +284,52 @@ impl Bus {
             })
     }
 
+    /// Publishes `msg` and waits until the server confirms it: stored by a stream that captures
+    /// the subject, or (no stream does) handed to its subscribers. Unlike [`Bus::publish_fast`]
+    /// and a flush, the confirmation comes after a capturing stream stored the message.
+    ///
+    /// # Errors
+    /// [`BusError::Publish`] when the server does not confirm it.
+    pub async fn publish_confirmed<T: prost::Message + Serialize>(
+        &self,
+        subject: String,
+        msg: &T,
+        encoding: Encoding,
+        msg_id: Option<&str>,
+    ) -> Result<(), BusError> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Content-Type", encoding.content_type());
+        agentloop_telemetry::inject_nats(&mut headers);
+        let mut publish = Publish::build()
+            .payload(Bytes::from(agentloop_proto::encode(msg, encoding)))
+            .headers(headers);
+        // A retry after a lost confirmation carries the same id, so a capturing stream keeps
+        // one copy.
+        if let Some(id) = msg_id {
+            publish = publish.message_id(id);
+        }
+        let failed = |e: String| BusError::Publish {
+            subject: subject.clone(),
+            source: e.into(),
+        };
+        let ack = self
+            .js
+            .send_publish(subject.clone(), publish)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        match ack.await {
+            Ok(_) => Ok(()),
+            // No stream captures the subject: the server took it and passed it on as a
+            // plain message, which is all a plain subscriber can get.
+            Err(e)
+                if e.kind() == async_nats::jetstream::context::PublishErrorKind::StreamNotFound =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(failed(e.to_string())),
+        }
+    }
+
     /// Emits a run event (fire and forget: events are for watching, the transcript is the record).
     pub async fn emit_event(&self, event: &SystemEvent) {
         let subject = self.subjects.events(&event.session_id, &event.run_id);

@@ -26,6 +26,8 @@ struct Ctx {
     /// Runs whose final reply this replica delivered lately: a reply redelivered because its
     /// ack was lost (a NATS restart between publish and ack) is acked, not delivered twice.
     recent: std::sync::Mutex<Recent>,
+    /// Per channel: whether a stream captures its deliveries (checked at most every 30 s).
+    captured: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, bool)>>,
     max_deliver: i64,
     delivered: Counter,
     suppressed: Counter,
@@ -47,6 +49,7 @@ pub(crate) async fn serve(
     let ctx = Arc::new(Ctx {
         bus,
         recent: std::sync::Mutex::new(Recent::default()),
+        captured: std::sync::Mutex::new(std::collections::HashMap::new()),
         max_deliver: config.bus.max_deliver,
         delivered: health.counter("agentloop_delivery_delivered_total", "Replies delivered."),
         suppressed: health.counter(
@@ -107,16 +110,8 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
         }
         match deliver(ctx, &outbound).await {
             Ok(()) => {
-                // The ack goes out, and the reply counts as delivered, only once the server
-                // has the delivery: a reply lost with a dying connection must be redelivered,
-                // not absorbed as a duplicate.
-                if let Err(err) = ctx.bus.client().flush().await {
-                    tracing::warn!(error = %err, "flush after delivery failed, it will be redelivered");
-                    let _ = msg
-                        .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
-                        .await;
-                    return;
-                }
+                // Delivered means confirmed by the server (see `deliver`), so only now does the
+                // reply count as delivered for absorbing a redelivery.
                 if let Some(key) = key
                     && let Ok(mut recent) = ctx.recent.lock()
                 {
@@ -234,12 +229,48 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
         .bus
         .subjects()
         .deliver(&outbound.channel, &outbound.session_id);
-    ctx.bus
-        .publish_fast(subject, outbound, Encoding::Json)
-        .await
-        .map_err(|e| error_chain(&e))?;
+    // Confirmed by the server, so a reply lost with a dying connection is redelivered rather
+    // than counted as delivered (and a stream capturing the channel has it stored).
+    if captured(ctx, &outbound.channel).await {
+        // A stream keeps this channel's deliveries: stored means delivered, and a retry after
+        // a lost confirmation carries the same id, so the stream keeps one copy.
+        let msg_id = (outbound.r#final && !outbound.run_id.is_empty())
+            .then(|| format!("{}:deliver:{}", outbound.run_id, outbound.error.is_empty()));
+        ctx.bus
+            .publish_confirmed(subject, outbound, Encoding::Json, msg_id.as_deref())
+            .await
+            .map_err(|e| error_chain(&e))?;
+    } else {
+        // Plain subscribers: the server having it (a flush) is all that can be confirmed.
+        ctx.bus
+            .publish_fast(subject, outbound, Encoding::Json)
+            .await
+            .map_err(|e| error_chain(&e))?;
+        ctx.bus
+            .client()
+            .flush()
+            .await
+            .map_err(|e| format!("flush after delivery failed: {e}"))?;
+    }
     ctx.delivered.inc();
     Ok(())
+}
+
+/// Returns whether a JetStream stream captures the channel's delivery subjects.
+async fn captured(ctx: &Ctx, channel: &str) -> bool {
+    const RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+    if let Ok(cache) = ctx.captured.lock()
+        && let Some((at, captured)) = cache.get(channel)
+        && at.elapsed() < RECHECK
+    {
+        return *captured;
+    }
+    let probe = ctx.bus.subjects().deliver(channel, "probe");
+    let captured = ctx.bus.jetstream().stream_by_subject(probe).await.is_ok();
+    if let Ok(mut cache) = ctx.captured.lock() {
+        cache.insert(channel.to_owned(), (std::time::Instant::now(), captured));
+    }
+    captured
 }
 
 #[cfg(test)]
