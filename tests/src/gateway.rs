@@ -521,18 +521,14 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
 
 /// The interpreter of tests/python/.venv (made by tests/python/setup.sh), or `None` outside CI
 /// when it was never set up (the test then says so and passes; in CI it must exist).
-fn python() -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let python = root.join("python/.venv/bin/python");
-    if python.exists() {
-        return Some(python);
-    }
+fn python() -> PathBuf {
+    // ./scripts/test.sh (and so .ci/run) installs it; a missing one is a failure, not a skip.
+    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/.venv/bin/python");
     assert!(
-        std::env::var_os("CI").is_none(),
-        "tests/python/.venv is missing: run tests/python/setup.sh"
+        python.exists(),
+        "tests/python/.venv is missing: run tests/python/setup.sh (./scripts/test.sh does)"
     );
-    eprintln!("skipped: tests/python/.venv is missing (run tests/python/setup.sh)");
-    None
+    python
 }
 
 async fn run_python(python: &PathBuf, args: &[&str]) -> anyhow::Result<Value> {
@@ -559,7 +555,7 @@ async fn run_python(python: &PathBuf, args: &[&str]) -> anyhow::Result<Value> {
 
 #[tokio::test]
 async fn the_official_openai_python_client_gets_a_plain_and_a_streamed_answer() {
-    let Some(python) = python() else { return };
+    let python = python();
     // Arrange
     let sandbox =
         Sandbox::start_with_gateway_tokens(SandboxOptions::default(), vec!["py-token".into()])
@@ -586,7 +582,7 @@ async fn the_official_openai_python_client_gets_a_plain_and_a_streamed_answer() 
 
 #[tokio::test]
 async fn the_web_chat_page_streams_text_and_shows_a_tool_call_in_headless_chromium() {
-    let Some(python) = python() else { return };
+    let python = python();
     // Arrange: the model calls the built-in clock tool, then answers slowly enough to watch.
     let sandbox = Sandbox::start().await.unwrap();
     Client::connected(&sandbox, None).await.unwrap(); // memory ready
