@@ -237,28 +237,15 @@ impl Bus {
         msg: &T,
         msg_id: Option<&str>,
     ) -> Result<(), BusError> {
-        let mut headers = HeaderMap::new();
-        headers.insert("Content-Type", Encoding::Proto.content_type());
-        agentloop_telemetry::inject_nats(&mut headers);
         let mut publish = Publish::build()
             .payload(Bytes::from(msg.encode_to_vec()))
-            .headers(headers);
+            .headers(wire_headers(Encoding::Proto));
         if let Some(id) = msg_id {
             publish = publish.message_id(id);
         }
-        let ack = self
-            .js
-            .send_publish(subject.clone(), publish)
+        self.send_confirmed(&subject, publish)
             .await
-            .map_err(|e| BusError::Publish {
-                subject: subject.clone(),
-                source: e.to_string().into(),
-            })?;
-        ack.await.map_err(|e| BusError::Publish {
-            subject,
-            source: e.to_string().into(),
-        })?;
-        Ok(())
+            .map_err(|e| publish_error(&subject, &e))
     }
 
     /// Publishes `msg` without waiting for an acknowledgement (events, control, replies).
@@ -271,12 +258,9 @@ impl Bus {
         msg: &T,
         encoding: Encoding,
     ) -> Result<(), BusError> {
-        let mut headers = HeaderMap::new();
-        headers.insert("Content-Type", encoding.content_type());
-        agentloop_telemetry::inject_nats(&mut headers);
         let payload = Bytes::from(agentloop_proto::encode(msg, encoding));
         self.client
-            .publish_with_headers(subject.clone(), headers, payload)
+            .publish_with_headers(subject.clone(), wire_headers(encoding), payload)
             .await
             .map_err(|e| BusError::Publish {
                 subject,
@@ -297,28 +281,16 @@ impl Bus {
         encoding: Encoding,
         msg_id: Option<&str>,
     ) -> Result<(), BusError> {
-        let mut headers = HeaderMap::new();
-        headers.insert("Content-Type", encoding.content_type());
-        agentloop_telemetry::inject_nats(&mut headers);
         let mut publish = Publish::build()
             .payload(Bytes::from(agentloop_proto::encode(msg, encoding)))
-            .headers(headers);
+            .headers(wire_headers(encoding));
         // A retry after a lost confirmation carries the same id, so a capturing stream keeps
         // one copy.
         if let Some(id) = msg_id {
             publish = publish.message_id(id);
         }
-        let failed = |e: String| BusError::Publish {
-            subject: subject.clone(),
-            source: e.into(),
-        };
-        let ack = self
-            .js
-            .send_publish(subject.clone(), publish)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        match ack.await {
-            Ok(_) => Ok(()),
+        match self.send_confirmed(&subject, publish).await {
+            Ok(()) => Ok(()),
             // No stream captures the subject: the server took it and passed it on as a
             // plain message, which is all a plain subscriber can get.
             Err(e)
@@ -326,8 +298,21 @@ impl Bus {
             {
                 Ok(())
             }
-            Err(e) => Err(failed(e.to_string())),
+            Err(e) => Err(publish_error(&subject, &e)),
         }
+    }
+
+    /// Publishes through JetStream and waits for the server's answer.
+    async fn send_confirmed(
+        &self,
+        subject: &str,
+        publish: Publish,
+    ) -> Result<(), async_nats::jetstream::context::PublishError> {
+        self.js
+            .send_publish(subject.to_owned(), publish)
+            .await?
+            .await?;
+        Ok(())
     }
 
     /// Emits a run event (fire and forget: events are for watching, the transcript is the record).
@@ -371,18 +356,9 @@ impl Bus {
         headers.insert(HEADER_SERVICE, service);
         let subject = self.subjects.dlq(original_subject);
         let publish = Publish::build().payload(payload).headers(headers);
-        let ack = self
-            .js
-            .send_publish(subject.clone(), publish)
+        self.send_confirmed(&subject, publish)
             .await
-            .map_err(|e| BusError::Publish {
-                subject: subject.clone(),
-                source: e.to_string().into(),
-            })?;
-        ack.await.map_err(|e| BusError::Publish {
-            subject: subject.clone(),
-            source: e.to_string().into(),
-        })?;
+            .map_err(|e| publish_error(&subject, &e))?;
         let id = nuid();
         let event = SystemEvent {
             run_id: id.clone(),
@@ -408,6 +384,21 @@ impl Bus {
             "dropped to dlq"
         );
         Ok(())
+    }
+}
+
+/// Headers of every payload agentloop publishes: its encoding and the current trace.
+fn wire_headers(encoding: Encoding) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("Content-Type", encoding.content_type());
+    agentloop_telemetry::inject_nats(&mut headers);
+    headers
+}
+
+fn publish_error(subject: &str, err: &dyn std::error::Error) -> BusError {
+    BusError::Publish {
+        subject: subject.to_owned(),
+        source: err.to_string().into(),
     }
 }
 

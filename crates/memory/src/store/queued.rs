@@ -111,28 +111,9 @@ struct EnqueueClaimRow {
 }
 
 impl Store {
-    /// Puts an input in the inbox and tries to claim the session for `owner`, in one statement.
-    ///
-    /// # Errors
-    /// [`MemoryError::SessionNotFound`], or a database error.
-    pub async fn enqueue_and_claim(
-        &self,
-        session_id: Uuid,
-        idempotency_key: &str,
-        kind: super::InboxKind,
-        payload: &[u8],
-        owner: &str,
-        ttl: std::time::Duration,
-    ) -> Result<(super::Enqueued, super::Claim), MemoryError> {
-        let (enqueued, claim, _) = self
-            .enqueue_claim_take(session_id, idempotency_key, kind, payload, owner, ttl, None)
-            .await?;
-        Ok((enqueued, claim))
-    }
-
-    /// Like [`Store::enqueue_and_claim`]; when the claim succeeds and `take_with_history` is
-    /// set, also takes the next input (as [`Store::take_next`]) and reads that much history,
-    /// all in one transaction: one commit where there would be two.
+    /// Puts an input in the inbox and tries to claim the session for `owner`; when the claim
+    /// succeeds and `take_with_history` is set, also takes the next input (as
+    /// [`Store::take_next`]) and reads that much history, all in one transaction.
     ///
     /// # Errors
     /// [`MemoryError::SessionNotFound`], or a database error.
