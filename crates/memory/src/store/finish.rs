@@ -1,12 +1,9 @@
-//! The end of a run in one transaction: its last transcript entries, the finished run and the
-//! consumed input, and the lease given back when nothing else is pending. One commit instead of
-//! three on the hot path.
+//! The end of a run in one round trip: its last transcript entries, the finished run and the
+//! consumed input, and the lease given back when nothing else is pending.
 
 use uuid::Uuid;
 
-use super::inbox::finish_on;
-use super::sessions::release_on;
-use super::transcript::append_on;
+use super::transcript::bind_entries;
 use super::{NewEntry, RunOutcome, Store, error::translate};
 use crate::MemoryError;
 
@@ -17,6 +14,14 @@ pub struct Finished {
     pub finished: bool,
     /// Whether the lease was given back.
     pub released: bool,
+}
+
+#[derive(sqlx::FromRow)]
+struct FinishRow {
+    held: bool,
+    found: bool,
+    finished: bool,
+    released: bool,
 }
 
 impl Store {
@@ -33,22 +38,24 @@ impl Store {
         entries: &[NewEntry],
         release_if_idle: bool,
     ) -> Result<Finished, MemoryError> {
-        let fail = |err| translate(err, session_id);
-        let mut tx = self.pool.begin().await.map_err(fail)?;
-        if !entries.is_empty() {
-            let appended = append_on(&mut *tx, session_id, epoch, entries)
-                .await
-                .map_err(fail)?;
-            if !appended.held {
-                drop(tx);
-                return Err(self.lease_failure(session_id, epoch).await);
-            }
-        }
-        let row = finish_on(&mut *tx, session_id, epoch, outcome)
+        let query = sqlx::query_as::<_, FinishRow>(include_str!("queries/finish_run.sql"))
+            .bind(session_id)
+            .bind(epoch)
+            .bind(outcome.run_id)
+            .bind(outcome.inbox_seq)
+            .bind(outcome.status.as_str())
+            .bind(outcome.error.as_deref())
+            .bind(outcome.model.as_deref())
+            .bind(outcome.input_tokens)
+            .bind(outcome.output_tokens)
+            .bind(outcome.provider.as_deref())
+            .bind(outcome.profile.as_deref());
+        let row = bind_entries(query, entries)
+            .bind(release_if_idle)
+            .fetch_one(&self.pool)
             .await
-            .map_err(fail)?;
+            .map_err(|err| translate(err, session_id))?;
         if !row.held {
-            drop(tx);
             return Err(self.lease_failure(session_id, epoch).await);
         }
         if !row.found {
@@ -57,18 +64,28 @@ impl Store {
                 inbox_seq: outcome.inbox_seq,
             });
         }
-        // A later statement of the same transaction sees this run's input as consumed.
-        let released = if release_if_idle {
-            release_on(&mut *tx, session_id, epoch)
-                .await
-                .map_err(fail)?
-        } else {
-            false
-        };
-        tx.commit().await.map_err(fail)?;
         Ok(Finished {
             finished: row.finished,
-            released,
+            released: row.released,
         })
+    }
+
+    /// Marks the run's input consumed, the run finished with `outcome` and adds its tokens to
+    /// the session, in one transaction fenced by `epoch`; keeps the lease. Returns false when a
+    /// previous call had already done it (a retry changes nothing).
+    ///
+    /// # Errors
+    /// [`MemoryError::LeaseLost`], [`MemoryError::SessionNotFound`],
+    /// [`MemoryError::RunNotFound`] when the run is not this session's run of that input, or a
+    /// database error.
+    pub async fn finish_run(
+        &self,
+        session_id: Uuid,
+        epoch: i64,
+        outcome: &RunOutcome,
+    ) -> Result<bool, MemoryError> {
+        self.finish_run_and_release(session_id, epoch, outcome, &[], false)
+            .await
+            .map(|finished| finished.finished)
     }
 }

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{InboxKind, Run, RunOutcome, Store, error::translate};
+use super::{InboxKind, Run, Store, error::translate};
 use crate::MemoryError;
 
 /// An input waiting in a session's inbox.
@@ -51,34 +51,133 @@ pub(crate) struct TakeRow {
     finished_at: Option<DateTime<Utc>>,
 }
 
+/// The row `agentloop_enqueue` returns.
 #[derive(sqlx::FromRow)]
-pub(crate) struct FinishRow {
-    pub(crate) held: bool,
-    pub(crate) found: bool,
-    pub(crate) finished: bool,
+pub(crate) struct EnqueueRow {
+    session_found: bool,
+    inserted: Option<bool>,
+    seq: Option<i64>,
+    pub(crate) claimed: Option<bool>,
+    pub(crate) epoch: Option<i64>,
+    pub(crate) owner: Option<String>,
+    taken_seq: Option<i64>,
+    taken_key: Option<String>,
+    taken_kind: Option<String>,
+    taken_payload: Option<Vec<u8>>,
+    run_id: Option<Uuid>,
+    run_status: Option<String>,
+    run_attempts: Option<i32>,
+    run_started_at: Option<DateTime<Utc>>,
+    run_finished_at: Option<DateTime<Utc>>,
+    h_seq: Option<Vec<i64>>,
+    h_key: Option<Vec<String>>,
+    h_role: Option<Vec<String>>,
+    h_content: Option<Vec<String>>,
+    h_run_id: Option<Vec<Option<Uuid>>>,
+    h_tool_call_id: Option<Vec<Option<String>>>,
+    h_tool_name: Option<Vec<Option<String>>>,
+    h_data: Option<Vec<Option<String>>>,
+    h_created_at: Option<Vec<DateTime<Utc>>>,
 }
 
-/// Runs the fenced finish statement on any executor (the pool, or a transaction).
-pub(crate) async fn finish_on<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
+/// With an owner, [`enqueue_call`] also claims; with a history limit too, it takes and reads.
+pub(crate) struct ClaimAlong<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) ttl_ms: i64,
+    pub(crate) take_with_history: Option<u32>,
+}
+
+/// Calls `agentloop_enqueue`: the insert and, with `claim`, the claim, take and history read,
+/// in one round trip.
+pub(crate) async fn enqueue_call(
+    pool: &sqlx::PgPool,
     session_id: Uuid,
-    epoch: i64,
-    outcome: &RunOutcome,
-) -> Result<FinishRow, sqlx::Error> {
-    sqlx::query_as::<_, FinishRow>(include_str!("queries/finish_run.sql"))
+    idempotency_key: &str,
+    kind: InboxKind,
+    payload: &[u8],
+    claim: Option<ClaimAlong<'_>>,
+) -> Result<EnqueueRow, MemoryError> {
+    let row = sqlx::query_as::<_, EnqueueRow>(include_str!("queries/enqueue.sql"))
         .bind(session_id)
-        .bind(epoch)
-        .bind(outcome.run_id)
-        .bind(outcome.inbox_seq)
-        .bind(outcome.status.as_str())
-        .bind(outcome.error.as_deref())
-        .bind(outcome.model.as_deref())
-        .bind(outcome.input_tokens)
-        .bind(outcome.output_tokens)
-        .bind(outcome.provider.as_deref())
-        .bind(outcome.profile.as_deref())
-        .fetch_one(executor)
+        .bind(idempotency_key)
+        .bind(kind.as_str())
+        .bind(payload)
+        .bind(claim.as_ref().map(|c| c.owner))
+        .bind(claim.as_ref().map(|c| c.ttl_ms))
+        .bind(
+            claim
+                .as_ref()
+                .and_then(|c| c.take_with_history)
+                .map(i64::from),
+        )
+        .bind(Uuid::now_v7())
+        .fetch_one(pool)
         .await
+        .map_err(|err| translate(err, session_id))?;
+    if !row.session_found {
+        return Err(MemoryError::SessionNotFound(session_id));
+    }
+    Ok(row)
+}
+
+impl EnqueueRow {
+    /// Whether the input was new, and its seq.
+    pub(crate) fn enqueued(&self) -> Enqueued {
+        Enqueued {
+            inserted: self.inserted.unwrap_or(false),
+            seq: self.seq.unwrap_or_default(),
+        }
+    }
+
+    /// The input taken along and its run, when there was one.
+    pub(crate) fn taken(&mut self, session_id: Uuid) -> Option<Taken> {
+        let (Some(seq), Some(run_id)) = (self.taken_seq, self.run_id) else {
+            return None;
+        };
+        Some(Taken {
+            item: InboxItem {
+                seq,
+                idempotency_key: self.taken_key.take().unwrap_or_default(),
+                kind: self.taken_kind.take().unwrap_or_default(),
+                payload: self.taken_payload.take().unwrap_or_default(),
+            },
+            run: Run {
+                id: run_id,
+                session_id,
+                inbox_seq: seq,
+                status: self.run_status.take().unwrap_or_default(),
+                attempts: self.run_attempts.unwrap_or(1),
+                started_at: self.run_started_at.unwrap_or_else(Utc::now),
+                finished_at: self.run_finished_at,
+            },
+        })
+    }
+
+    /// The history read along, oldest first.
+    pub(crate) fn history(&mut self) -> Vec<super::Entry> {
+        let seqs = self.h_seq.take().unwrap_or_default();
+        let mut keys = self.h_key.take().unwrap_or_default().into_iter();
+        let mut roles = self.h_role.take().unwrap_or_default().into_iter();
+        let mut contents = self.h_content.take().unwrap_or_default().into_iter();
+        let mut run_ids = self.h_run_id.take().unwrap_or_default().into_iter();
+        let mut call_ids = self.h_tool_call_id.take().unwrap_or_default().into_iter();
+        let mut names = self.h_tool_name.take().unwrap_or_default().into_iter();
+        let mut data = self.h_data.take().unwrap_or_default().into_iter();
+        let mut created = self.h_created_at.take().unwrap_or_default().into_iter();
+        seqs.into_iter()
+            .map(|seq| super::Entry {
+                seq,
+                key: keys.next().unwrap_or_default(),
+                role: roles.next().unwrap_or_default(),
+                content: contents.next().unwrap_or_default(),
+                run_id: run_ids.next().flatten(),
+                tool_call_id: call_ids.next().flatten(),
+                tool_name: names.next().flatten(),
+                data: data.next().flatten(),
+                created_at: created.next().unwrap_or_else(Utc::now),
+            })
+            .collect()
+    }
 }
 
 impl Store {
@@ -94,25 +193,9 @@ impl Store {
         kind: InboxKind,
         payload: &[u8],
     ) -> Result<Enqueued, MemoryError> {
-        let row = sqlx::query_as::<_, Enqueued>(include_str!("queries/enqueue.sql"))
-            .bind(session_id)
-            .bind(idempotency_key)
-            .bind(kind.as_str())
-            .bind(payload)
-            .fetch_optional(&self.pool)
+        enqueue_call(&self.pool, session_id, idempotency_key, kind, payload, None)
             .await
-            .map_err(|err| translate(err, session_id))?;
-        let row = match row {
-            Some(row) => row,
-            // A concurrent duplicate committed after this statement's snapshot.
-            None => sqlx::query_as::<_, Enqueued>(include_str!("queries/inbox_seq_by_key.sql"))
-                .bind(session_id)
-                .bind(idempotency_key)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|err| translate(err, session_id))?,
-        };
-        Ok(row)
+            .map(|row| row.enqueued())
     }
 
     /// Takes the oldest pending input for the lease holder `epoch` and starts its run (or
@@ -186,35 +269,4 @@ pub(crate) fn taken_from(row: TakeRow, session_id: Uuid) -> Option<Taken> {
             finished_at,
         },
     })
-}
-
-impl Store {
-    /// Marks the run's input consumed, the run finished with `outcome` and adds its tokens to
-    /// the session, in one transaction fenced by `epoch`. Returns false when a previous call had
-    /// already done it (a retry changes nothing).
-    ///
-    /// # Errors
-    /// [`MemoryError::LeaseLost`], [`MemoryError::SessionNotFound`],
-    /// [`MemoryError::RunNotFound`] when the run is not this session's run of that input, or a
-    /// database error.
-    pub async fn finish_run(
-        &self,
-        session_id: Uuid,
-        epoch: i64,
-        outcome: &RunOutcome,
-    ) -> Result<bool, MemoryError> {
-        let row = finish_on(&self.pool, session_id, epoch, outcome)
-            .await
-            .map_err(|err| translate(err, session_id))?;
-        if !row.held {
-            return Err(self.lease_failure(session_id, epoch).await);
-        }
-        if !row.found {
-            return Err(MemoryError::RunNotFound {
-                run_id: outcome.run_id,
-                inbox_seq: outcome.inbox_seq,
-            });
-        }
-        Ok(row.finished)
-    }
 }

@@ -52,6 +52,65 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Puts an input in the inbox and tries to claim the session for `owner`; when the claim
+    /// succeeds and `take_with_history` is set, also takes the next input (as
+    /// [`Store::take_next`]) and reads that much history, all in one transaction.
+    ///
+    /// # Errors
+    /// [`MemoryError::SessionNotFound`], or a database error.
+    #[allow(clippy::too_many_arguments)] // one statement's parameters, plus what to take along
+    pub async fn enqueue_claim_take(
+        &self,
+        session_id: Uuid,
+        idempotency_key: &str,
+        kind: super::InboxKind,
+        payload: &[u8],
+        owner: &str,
+        ttl: std::time::Duration,
+        take_with_history: Option<u32>,
+    ) -> Result<
+        (
+            super::Enqueued,
+            super::Claim,
+            Option<(Option<super::Taken>, Vec<super::Entry>)>,
+        ),
+        MemoryError,
+    > {
+        let claim = super::inbox::ClaimAlong {
+            owner,
+            ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+            take_with_history,
+        };
+        let mut row = super::inbox::enqueue_call(
+            &self.pool,
+            session_id,
+            idempotency_key,
+            kind,
+            payload,
+            Some(claim),
+        )
+        .await?;
+        let claimed = row.claimed.unwrap_or(false);
+        let taken = match take_with_history {
+            Some(_) if claimed => {
+                let taken = row.taken(session_id);
+                Some((taken, row.history()))
+            }
+            _ => None,
+        };
+        Ok((
+            row.enqueued(),
+            super::Claim {
+                claimed,
+                epoch: row.epoch.unwrap_or_default(),
+                owner: row.owner.take(),
+            },
+            taken,
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use sqlx::PgPool;
@@ -98,99 +157,5 @@ mod tests {
             .take_queued(id, claim.epoch + 1, taken.run.id, &["steer".to_owned()])
             .await;
         assert!(stale.is_err(), "a stale epoch must be refused");
-    }
-}
-
-#[derive(sqlx::FromRow)]
-struct EnqueueClaimRow {
-    new_seq: Option<i64>,
-    old_seq: Option<i64>,
-    claimed: bool,
-    epoch: Option<i64>,
-    owner: Option<String>,
-}
-
-impl Store {
-    /// Puts an input in the inbox and tries to claim the session for `owner`; when the claim
-    /// succeeds and `take_with_history` is set, also takes the next input (as
-    /// [`Store::take_next`]) and reads that much history, all in one transaction.
-    ///
-    /// # Errors
-    /// [`MemoryError::SessionNotFound`], or a database error.
-    #[allow(clippy::too_many_arguments)] // one statement's parameters, plus what to take along
-    pub async fn enqueue_claim_take(
-        &self,
-        session_id: Uuid,
-        idempotency_key: &str,
-        kind: super::InboxKind,
-        payload: &[u8],
-        owner: &str,
-        ttl: std::time::Duration,
-        take_with_history: Option<u32>,
-    ) -> Result<
-        (
-            super::Enqueued,
-            super::Claim,
-            Option<(Option<super::Taken>, Vec<super::Entry>)>,
-        ),
-        MemoryError,
-    > {
-        let fail = |err| translate(err, session_id);
-        let mut tx = self.pool.begin().await.map_err(fail)?;
-        let row = sqlx::query_as::<_, EnqueueClaimRow>(include_str!("queries/enqueue_claim.sql"))
-            .bind(session_id)
-            .bind(idempotency_key)
-            .bind(kind.as_str())
-            .bind(payload)
-            .bind(owner)
-            .bind(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(fail)?;
-        let Some(epoch) = row.epoch else {
-            return Err(MemoryError::SessionNotFound(session_id));
-        };
-        let taken = match take_with_history {
-            Some(limit) if row.claimed => {
-                let take = super::inbox::take_on(&mut *tx, session_id, epoch, owner)
-                    .await
-                    .map_err(fail)?;
-                let taken = super::inbox::taken_from(take, session_id);
-                let history = if taken.is_some() && limit > 0 {
-                    super::transcript::history_on(&mut *tx, session_id, limit)
-                        .await
-                        .map_err(fail)?
-                } else {
-                    Vec::new()
-                };
-                Some((taken, history))
-            }
-            _ => None,
-        };
-        tx.commit().await.map_err(fail)?;
-        let enqueued = match (row.new_seq, row.old_seq) {
-            (Some(seq), _) => super::Enqueued {
-                inserted: true,
-                seq,
-            },
-            (None, Some(seq)) => super::Enqueued {
-                inserted: false,
-                seq,
-            },
-            // A concurrent duplicate committed after this statement's snapshot: read it again.
-            (None, None) => {
-                self.enqueue(session_id, idempotency_key, kind, payload)
-                    .await?
-            }
-        };
-        Ok((
-            enqueued,
-            super::Claim {
-                claimed: row.claimed,
-                epoch,
-                owner: row.owner,
-            },
-            taken,
-        ))
     }
 }

@@ -98,7 +98,10 @@ impl Store {
     /// # Errors
     /// A database error.
     pub async fn release_session(&self, session_id: Uuid, epoch: i64) -> Result<bool, MemoryError> {
-        release_on(&self.pool, session_id, epoch)
+        sqlx::query_scalar::<_, bool>(include_str!("queries/release_session.sql"))
+            .bind(session_id)
+            .bind(epoch)
+            .fetch_one(&self.pool)
             .await
             .map_err(|err| translate(err, session_id))
     }
@@ -115,20 +118,6 @@ impl Store {
             .await
             .map_err(|err| translate(err, Uuid::nil()))
     }
-}
-
-/// Gives the lease back when no input is pending, on any executor; returns whether it did.
-pub(crate) async fn release_on<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
-    session_id: Uuid,
-    epoch: i64,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(include_str!("queries/release_session.sql"))
-        .bind(session_id)
-        .bind(epoch)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
 }
 
 /// Returns a TTL in whole milliseconds, capped at the wire's `u32` (49 days) so the interval

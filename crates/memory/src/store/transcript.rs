@@ -1,5 +1,8 @@
 //! The append-only transcript of a session.
 
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
 use uuid::Uuid;
 
 use super::{Entry, NewEntry, Store, error::translate};
@@ -24,41 +27,33 @@ pub(crate) async fn history_on<'e, E: sqlx::PgExecutor<'e>>(
         .await
 }
 
-/// Runs the fenced multi-row append on any executor (the pool, or a transaction).
+/// Binds entries as the seven parallel arrays the run-path functions unnest, in request order.
+pub(crate) fn bind_entries<'q, O>(
+    query: QueryAs<'q, Postgres, O, PgArguments>,
+    entries: &'q [NewEntry],
+) -> QueryAs<'q, Postgres, O, PgArguments> {
+    let column = |f: fn(&'q NewEntry) -> Option<&'q str>| entries.iter().map(f).collect::<Vec<_>>();
+    query
+        .bind(column(|e| Some(e.key.as_str())))
+        .bind(column(|e| Some(e.role.as_str())))
+        .bind(column(|e| Some(e.content.as_str())))
+        .bind(entries.iter().map(|e| e.run_id).collect::<Vec<_>>())
+        .bind(column(|e| e.tool_call_id.as_deref()))
+        .bind(column(|e| e.tool_name.as_deref()))
+        .bind(column(|e| e.data.as_deref()))
+}
+
+/// Runs the fenced multi-row append on any executor.
 pub(crate) async fn append_on<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     session_id: Uuid,
     epoch: i64,
     entries: &[NewEntry],
 ) -> Result<Appended, sqlx::Error> {
-    let mut keys = Vec::with_capacity(entries.len());
-    let mut roles = Vec::with_capacity(entries.len());
-    let mut contents = Vec::with_capacity(entries.len());
-    let mut run_ids = Vec::with_capacity(entries.len());
-    let mut tool_call_ids = Vec::with_capacity(entries.len());
-    let mut tool_names = Vec::with_capacity(entries.len());
-    let mut data = Vec::with_capacity(entries.len());
-    for entry in entries {
-        keys.push(entry.key.as_str());
-        roles.push(entry.role.as_str());
-        contents.push(entry.content.as_str());
-        run_ids.push(entry.run_id);
-        tool_call_ids.push(entry.tool_call_id.as_deref());
-        tool_names.push(entry.tool_name.as_deref());
-        data.push(entry.data.as_deref());
-    }
-    sqlx::query_as::<_, Appended>(include_str!("queries/append_entries.sql"))
+    let query = sqlx::query_as::<_, Appended>(include_str!("queries/append_entries.sql"))
         .bind(session_id)
-        .bind(epoch)
-        .bind(keys)
-        .bind(roles)
-        .bind(contents)
-        .bind(run_ids)
-        .bind(tool_call_ids)
-        .bind(tool_names)
-        .bind(data)
-        .fetch_one(executor)
-        .await
+        .bind(epoch);
+    bind_entries(query, entries).fetch_one(executor).await
 }
 
 impl Store {

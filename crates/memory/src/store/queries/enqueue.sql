@@ -1,15 +1,5 @@
--- A repeated idempotency key is absorbed and answered with the existing row's seq.
--- When the existing row was committed after this statement's snapshot was taken (a
--- concurrent duplicate), neither branch returns a row and the caller reads it again.
-WITH inserted AS (
-    INSERT INTO session_inbox (session_id, idempotency_key, kind, payload)
-    VALUES ($1, $2, $3, $4)
-    ON CONFLICT (session_id, idempotency_key) DO NOTHING
-    RETURNING seq
-)
-SELECT seq, true AS inserted
-FROM inserted
-UNION ALL
-SELECT seq, false AS inserted
-FROM session_inbox
-WHERE session_id = $1 AND idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)
+SELECT session_found, inserted, seq, claimed, epoch, owner, taken_seq, taken_key, taken_kind,
+       taken_payload, run_id, run_status, run_attempts, run_started_at, run_finished_at,
+       h_seq, h_key, h_role, h_content, h_run_id, h_tool_call_id, h_tool_name, h_data,
+       h_created_at
+FROM agentloop_enqueue($1, $2, $3, $4, $5, $6, $7, $8)

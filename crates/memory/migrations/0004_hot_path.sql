@@ -1,0 +1,305 @@
+-- The run path as functions: each RPC of a run is one round trip to Postgres and one implicit
+-- transaction, however many statements it needs (before: BEGIN, three statements, COMMIT).
+
+-- Every writer of these rows is fenced by the session's lease row, which it locks; the foreign
+-- keys only added a lock and a lookup per inserted row (sessions are never deleted).
+ALTER TABLE session_inbox DROP CONSTRAINT IF EXISTS session_inbox_session_id_fkey;
+ALTER TABLE transcript_entries DROP CONSTRAINT IF EXISTS transcript_entries_session_id_fkey;
+ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_session_id_fkey;
+ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_inbox_seq_fkey;
+
+-- The newest p_limit entries of a session, oldest first.
+CREATE FUNCTION agentloop_history(p_session uuid, p_limit bigint)
+RETURNS TABLE (seq bigint, entry_key text, role text, content text, run_id uuid,
+               tool_call_id text, tool_name text, data text, created_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT n.seq, n.entry_key, n.role, n.content, n.run_id, n.tool_call_id, n.tool_name, n.data,
+           n.created_at
+    FROM (
+        SELECT t.seq, t.entry_key, t.role, t.content, t.run_id, t.tool_call_id, t.tool_name,
+               t.data, t.created_at
+        FROM transcript_entries AS t
+        WHERE t.session_id = p_session
+        ORDER BY t.seq DESC
+        LIMIT p_limit
+    ) AS n
+    ORDER BY n.seq
+$$;
+
+-- Takes the lease when it is free or expired; when it is held, reports the holder. No row for
+-- an unknown session. The row is locked before the lease is judged: judging it on a snapshot
+-- could skip a release in flight and leave a new input without an owner.
+CREATE FUNCTION agentloop_claim(p_session uuid, p_owner text, p_ttl_ms bigint)
+RETURNS TABLE (claimed boolean, epoch bigint, owner text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    s record;
+BEGIN
+    SELECT lease_owner, lease_epoch, lease_expires_at INTO s
+    FROM sessions WHERE id = p_session
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF s.lease_owner IS NOT NULL AND s.lease_expires_at >= now() THEN
+        claimed := false;
+        epoch := s.lease_epoch;
+        owner := s.lease_owner;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    UPDATE sessions
+    SET lease_owner = p_owner,
+        lease_epoch = lease_epoch + 1,
+        lease_expires_at = now() + p_ttl_ms * interval '1 millisecond'
+    WHERE id = p_session
+    RETURNING true, lease_epoch, lease_owner INTO claimed, epoch, owner;
+    RETURN NEXT;
+END
+$$;
+
+-- Fenced by the epoch: takes the oldest pending input (an interrupt first) and starts its run,
+-- or resumes it (attempts + 1, new epoch and owner) when a previous holder took it before
+-- losing the lease. Always one row; the item and run columns are NULL when nothing is pending.
+CREATE FUNCTION agentloop_take(p_session uuid, p_epoch bigint, p_owner text, p_run uuid)
+RETURNS TABLE (held boolean, seq bigint, idempotency_key text, kind text, payload bytea,
+               run_id uuid, status text, attempts int, started_at timestamptz,
+               finished_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    item record;
+BEGIN
+    PERFORM 1 FROM sessions
+    WHERE id = p_session AND lease_epoch = p_epoch AND lease_owner IS NOT NULL
+    FOR SHARE;
+    held := FOUND;
+    IF NOT held THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT i.seq, i.idempotency_key, i.kind, i.payload INTO item
+    FROM session_inbox AS i
+    WHERE i.session_id = p_session AND i.consumed_at IS NULL
+    ORDER BY (i.kind = 'interrupt') DESC, i.seq
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    seq := item.seq;
+    idempotency_key := item.idempotency_key;
+    kind := item.kind;
+    payload := item.payload;
+    INSERT INTO runs AS r
+        (id, session_id, inbox_seq, idempotency_key, status, attempts, epoch, owner, started_at)
+    VALUES (p_run, p_session, item.seq,
+            item.idempotency_key, 'running', 1, p_epoch, p_owner, clock_timestamp())
+    ON CONFLICT (inbox_seq) DO UPDATE
+    SET attempts = r.attempts + 1,
+        epoch = EXCLUDED.epoch,
+        owner = EXCLUDED.owner,
+        resumed_at = clock_timestamp(),
+        status = 'running'
+    RETURNING r.id, r.status, r.attempts, r.started_at, r.finished_at
+    INTO run_id, status, attempts, started_at, finished_at;
+    RETURN NEXT;
+END
+$$;
+
+-- Puts an input in the inbox (a repeated idempotency key is absorbed and answered with the
+-- existing row's seq). With p_owner, also tries to claim the session; when that succeeds and
+-- p_history_limit is set, takes the next input and reads that much history, all in one
+-- transaction.
+CREATE FUNCTION agentloop_enqueue(p_session uuid, p_key text, p_kind text, p_payload bytea,
+                                  p_owner text, p_ttl_ms bigint, p_history_limit bigint,
+                                  p_run uuid)
+RETURNS TABLE (session_found boolean, inserted boolean, seq bigint, claimed boolean,
+               epoch bigint, owner text, taken_seq bigint, taken_key text, taken_kind text,
+               taken_payload bytea, run_id uuid, run_status text, run_attempts int,
+               run_started_at timestamptz, run_finished_at timestamptz,
+               h_seq bigint[], h_key text[], h_role text[], h_content text[], h_run_id uuid[],
+               h_tool_call_id text[], h_tool_name text[], h_data text[],
+               h_created_at timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    c record;
+    t record;
+BEGIN
+    -- Locked before the insert: a holder releasing now either released before this lock (and
+    -- the claim below finds the lease free) or runs its release after this commit, and its
+    -- release then sees this input and keeps the lease.
+    SELECT lease_epoch, lease_owner INTO c
+    FROM sessions WHERE id = p_session
+    FOR NO KEY UPDATE;
+    session_found := FOUND;
+    IF NOT session_found THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    epoch := c.lease_epoch;
+    owner := c.lease_owner;
+    claimed := false;
+    INSERT INTO session_inbox (session_id, idempotency_key, kind, payload)
+    VALUES (p_session, p_key, p_kind, p_payload)
+    ON CONFLICT (session_id, idempotency_key) DO NOTHING
+    RETURNING session_inbox.seq INTO seq;
+    inserted := FOUND;
+    IF NOT inserted THEN
+        -- A fresh snapshot: it sees a concurrent duplicate the insert waited for.
+        SELECT i.seq INTO seq
+        FROM session_inbox AS i
+        WHERE i.session_id = p_session AND i.idempotency_key = p_key;
+    END IF;
+    IF p_owner IS NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT * INTO c FROM agentloop_claim(p_session, p_owner, p_ttl_ms);
+    claimed := c.claimed;
+    epoch := c.epoch;
+    owner := c.owner;
+    IF NOT claimed OR p_history_limit IS NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT * INTO t FROM agentloop_take(p_session, c.epoch, p_owner, p_run);
+    IF t.seq IS NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    taken_seq := t.seq;
+    taken_key := t.idempotency_key;
+    taken_kind := t.kind;
+    taken_payload := t.payload;
+    run_id := t.run_id;
+    run_status := t.status;
+    run_attempts := t.attempts;
+    run_started_at := t.started_at;
+    run_finished_at := t.finished_at;
+    IF p_history_limit > 0 THEN
+        SELECT array_agg(h.seq ORDER BY h.seq), array_agg(h.entry_key ORDER BY h.seq),
+               array_agg(h.role ORDER BY h.seq), array_agg(h.content ORDER BY h.seq),
+               array_agg(h.run_id ORDER BY h.seq), array_agg(h.tool_call_id ORDER BY h.seq),
+               array_agg(h.tool_name ORDER BY h.seq), array_agg(h.data ORDER BY h.seq),
+               array_agg(h.created_at ORDER BY h.seq)
+        INTO h_seq, h_key, h_role, h_content, h_run_id, h_tool_call_id, h_tool_name, h_data,
+             h_created_at
+        FROM agentloop_history(p_session, p_history_limit) AS h;
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+-- Fenced append: nothing is written once the epoch moved on. Entries are inserted in request
+-- order so their seq follows it; a key already present is absorbed.
+CREATE FUNCTION agentloop_append(p_session uuid, p_epoch bigint, p_keys text[], p_roles text[],
+                                 p_contents text[], p_run_ids uuid[], p_tool_call_ids text[],
+                                 p_tool_names text[], p_data text[])
+RETURNS TABLE (held boolean, appended bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n bigint;
+BEGIN
+    PERFORM 1 FROM sessions
+    WHERE id = p_session AND lease_epoch = p_epoch AND lease_owner IS NOT NULL
+    FOR SHARE;
+    IF NOT FOUND THEN
+        held := false;
+        appended := 0;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    INSERT INTO transcript_entries
+        (session_id, entry_key, role, content, run_id, tool_call_id, tool_name, data)
+    SELECT p_session, e.entry_key, e.role, e.content, e.run_id, e.tool_call_id, e.tool_name,
+           e.data
+    FROM unnest(p_keys, p_roles, p_contents, p_run_ids, p_tool_call_ids, p_tool_names, p_data)
+        WITH ORDINALITY AS e (entry_key, role, content, run_id, tool_call_id, tool_name, data, ord)
+    ORDER BY e.ord
+    ON CONFLICT (session_id, entry_key) DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    held := true;
+    appended := n;
+    RETURN NEXT;
+END
+$$;
+
+-- Gives the lease back unless inputs are pending; returns whether it did.
+CREATE FUNCTION agentloop_release(p_session uuid, p_epoch bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE sessions
+    SET lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = p_session
+      AND lease_epoch = p_epoch
+      AND NOT EXISTS (
+          SELECT 1 FROM session_inbox WHERE session_id = p_session AND consumed_at IS NULL
+      );
+    RETURN FOUND;
+END
+$$;
+
+-- The end of a run, fenced by the epoch and in one transaction: its last entries, the input
+-- consumed, the run finished and the session's usage bumped (each only if not done yet, so a
+-- retry changes nothing and counts no token twice), and the lease given back when asked and
+-- nothing else is pending.
+CREATE FUNCTION agentloop_finish_run(p_session uuid, p_epoch bigint, p_run uuid, p_seq bigint,
+                                     p_status text, p_error text, p_model text,
+                                     p_input_tokens bigint, p_output_tokens bigint,
+                                     p_provider text, p_profile text, p_keys text[],
+                                     p_roles text[], p_contents text[], p_run_ids uuid[],
+                                     p_tool_call_ids text[], p_tool_names text[],
+                                     p_data text[], p_release boolean)
+RETURNS TABLE (held boolean, run_found boolean, finished boolean, released boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    held := false;
+    run_found := false;
+    finished := false;
+    released := false;
+    -- The strongest lock first, so the append's share lock is one already held.
+    PERFORM 1 FROM sessions
+    WHERE id = p_session AND lease_epoch = p_epoch AND lease_owner IS NOT NULL
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    held := true;
+    IF cardinality(p_keys) > 0 THEN
+        PERFORM agentloop_append(p_session, p_epoch, p_keys, p_roles, p_contents, p_run_ids,
+                                 p_tool_call_ids, p_tool_names, p_data);
+    END IF;
+    PERFORM 1 FROM runs AS r WHERE r.id = p_run AND r.inbox_seq = p_seq AND r.session_id = p_session;
+    run_found := FOUND;
+    IF NOT run_found THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    UPDATE session_inbox AS i
+    SET consumed_at = clock_timestamp(), run_id = p_run
+    WHERE i.seq = p_seq AND i.session_id = p_session AND i.consumed_at IS NULL;
+    UPDATE runs AS r
+    SET status = p_status, finished_at = clock_timestamp(), error = p_error, model = p_model,
+        input_tokens = p_input_tokens, output_tokens = p_output_tokens,
+        provider = p_provider, profile = p_profile
+    WHERE r.id = p_run AND r.finished_at IS NULL;
+    finished := FOUND;
+    IF finished THEN
+        UPDATE sessions AS s
+        SET input_tokens = s.input_tokens + p_input_tokens,
+            output_tokens = s.output_tokens + p_output_tokens,
+            updated_at = now()
+        WHERE s.id = p_session;
+    END IF;
+    IF p_release THEN
+        released := agentloop_release(p_session, p_epoch);
+    END IF;
+    RETURN NEXT;
+END
+$$;
