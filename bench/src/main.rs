@@ -255,7 +255,7 @@ impl Plan {
                 ws: 100,
                 http: 100,
                 http_tp: (10, 20),
-                tp: [(1, 100), (10, 20), (100, 10), (1000, 2)],
+                tp: [(1, 100), (10, 20), (100, 30), (1000, 2)],
                 mem_sessions: 3000,
                 mem_active: 1000,
                 phase_limit: Duration::from_secs(20),

@@ -1,5 +1,6 @@
-//! Intake: each RunCommand goes into the session's inbox (durable, deduplicated), is acked, and
-//! then the replica tries to take the session. A sweeper takes sessions whose owner died.
+//! Intake: each RunCommand goes into the session's inbox (deduplicated) and is acked once that
+//! row is on disk; meanwhile the replica tries to take the session. A sweeper takes sessions
+//! whose owner died.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -58,6 +59,8 @@ pub(crate) struct Shared {
     /// session back, so another replica resumes it from its last persisted step.
     pub(crate) abandon: CancellationToken,
     pub(crate) metrics: Metrics,
+    /// Acknowledges run commands once their inbox rows are on disk.
+    pub(crate) acks: crate::acks::AckSender,
 }
 
 pub(crate) struct Metrics {
@@ -95,9 +98,13 @@ pub(crate) async fn serve(
     } else {
         config.runner.owner_id.clone()
     };
+    let memory = SessionServiceClient::new(channel);
+    let ack_stop = CancellationToken::new();
+    let (acks, acker) = crate::acks::start(memory.clone(), ack_stop.clone());
     let shared = Arc::new(Shared {
         bus: bus.clone(),
-        memory: SessionServiceClient::new(channel),
+        memory,
+        acks,
         models,
         models_config: config.models.clone(),
         settings: config.runner.clone(),
@@ -188,6 +195,9 @@ pub(crate) async fn serve(
     drop(messages);
     intake_tasks.close();
     intake_tasks.wait().await;
+    // Intake is over, so nothing more is handed to the acknowledger: it flushes and acks the rest.
+    ack_stop.cancel();
+    let _ = acker.await;
     sweeper.abort();
     controls.abort();
     shared.tracker.close();
@@ -323,11 +333,12 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
             return;
         }
     };
-    // The inbox row is durable now. A plain ack: waiting for the server to confirm it would
-    // hold the session's next command, and a lost ack only brings a redelivery the inbox absorbs.
-    if let Err(err) = msg.ack().await {
-        tracing::warn!(error = %err, "ack failed; a redelivery will be absorbed by the inbox");
-    }
+    // Acknowledged once the enqueue is on disk; meanwhile the run goes ahead.
+    let row = agentloop_proto::v1::InboxRow {
+        seq: enqueued.seq,
+        idempotency_key: command.idempotency_key.clone(),
+    };
+    let _ = shared.acks.send((msg, row));
     if enqueued.claimed {
         start_owner(shared, &command.session_id, enqueued.epoch, enqueued.taken);
         return;

@@ -6,6 +6,7 @@
 //! the lease epoch. Produces SystemEvents on `<prefix>.events.<session_id>.<run_id>`, transcript
 //! writes through memory's gRPC API, and the final OutboundMessage on `<prefix>.outbound.<channel>`.
 
+mod acks;
 mod config;
 mod control;
 mod error;

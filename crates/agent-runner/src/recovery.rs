@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 
+use futures::FutureExt as _;
 use serde_json::json;
 
 use agentloop_model::{
@@ -257,9 +258,35 @@ impl RunCtx<'_> {
         let mut stream = self.shared.models.stream(request).await?;
         let mut text = String::new();
         let mut calls = Vec::new();
-        while let Some(event) = stream.next().await {
-            match event? {
-                StreamEvent::TextDelta(delta) => {
+        let mut held: Option<StreamEvent> = None;
+        let mut ended = false;
+        loop {
+            let event = match held.take() {
+                Some(event) => event,
+                None if ended => break,
+                None => match stream.next().await {
+                    Some(event) => event?,
+                    None => break,
+                },
+            };
+            match event {
+                StreamEvent::TextDelta(mut delta) => {
+                    // Pieces that have already arrived go out as one event: nothing waits for
+                    // them, and a burst costs one message instead of one per piece.
+                    loop {
+                        match stream.next().now_or_never() {
+                            Some(Some(Ok(StreamEvent::TextDelta(more)))) => delta.push_str(&more),
+                            Some(Some(next)) => {
+                                held = Some(next?);
+                                break;
+                            }
+                            Some(None) => {
+                                ended = true;
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
                     self.events.delta(&delta).await;
                     text.push_str(&delta);
                 }

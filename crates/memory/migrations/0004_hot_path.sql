@@ -1,5 +1,14 @@
 -- The run path as functions: each RPC of a run is one round trip to Postgres and one implicit
 -- transaction, however many statements it needs (before: BEGIN, three statements, COMMIT).
+--
+-- Enqueue and FinishRun also commit without waiting for the WAL flush. Nothing is lost:
+-- * the runner acknowledges an input's RunCommand in JetStream only after agentloop_flush()
+--   found its inbox row and made it durable, so an enqueue lost in a crash is delivered again;
+-- * a claim, take or finish lost in a crash leaves the input pending under a lease that
+--   expires, and it is run again under the same run id (derived from the input's idempotency
+--   key), so its final reply carries the same message id and JetStream drops the repeat;
+-- * epochs come from the clock as well as the last epoch, so a lost claim's epoch is never
+--   handed out again.
 
 -- Every writer of these rows is fenced by the session's lease row, which it locks; the foreign
 -- keys only added a lock and a lookup per inserted row (sessions are never deleted).
@@ -7,6 +16,38 @@ ALTER TABLE session_inbox DROP CONSTRAINT IF EXISTS session_inbox_session_id_fke
 ALTER TABLE transcript_entries DROP CONSTRAINT IF EXISTS transcript_entries_session_id_fkey;
 ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_session_id_fkey;
 ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_inbox_seq_fkey;
+
+-- Makes every transaction committed before the call durable, and returns the seqs of the
+-- given inbox rows (seq and idempotency key) that exist: such a row was committed before this
+-- call, so this commit's flush covers it. A row lost in a crash is not returned (its seq may
+-- have gone to another input since, hence the key), and its source must deliver it again.
+CREATE FUNCTION agentloop_flush(p_seqs bigint[], p_keys text[]) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    durable bigint[];
+BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
+    -- A WAL record in a transaction with an id: its commit waits for the disk.
+    PERFORM pg_logical_emit_message(true, 'agentloop.flush', '');
+    SELECT coalesce(array_agg(i.seq), '{}') INTO durable
+    FROM unnest(p_seqs, p_keys) AS r (seq, idempotency_key)
+    JOIN session_inbox AS i ON i.seq = r.seq AND i.idempotency_key = r.idempotency_key;
+    RETURN durable;
+END
+$$;
+
+-- The next lease epoch: above the last one and above the clock in microseconds, so an epoch
+-- lost with an unflushed commit is not handed out again after a crash.
+CREATE FUNCTION agentloop_next_epoch(p_last bigint) RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT greatest(p_last + 1, (date_part('epoch', clock_timestamp()) * 1000000)::bigint)
+$$;
+
+-- A run's id, derived from its input so a run repeated after a crash keeps it.
+CREATE FUNCTION agentloop_run_id(p_session uuid, p_key text) RETURNS uuid
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT md5(p_session::text || '/' || p_key)::uuid
+$$;
 
 -- The newest p_limit entries of a session, oldest first.
 CREATE FUNCTION agentloop_history(p_session uuid, p_limit bigint)
@@ -51,7 +92,7 @@ BEGIN
     END IF;
     UPDATE sessions
     SET lease_owner = p_owner,
-        lease_epoch = lease_epoch + 1,
+        lease_epoch = agentloop_next_epoch(lease_epoch),
         lease_expires_at = now() + p_ttl_ms * interval '1 millisecond'
     WHERE id = p_session
     RETURNING true, lease_epoch, lease_owner INTO claimed, epoch, owner;
@@ -62,7 +103,7 @@ $$;
 -- Fenced by the epoch: takes the oldest pending input (an interrupt first) and starts its run,
 -- or resumes it (attempts + 1, new epoch and owner) when a previous holder took it before
 -- losing the lease. Always one row; the item and run columns are NULL when nothing is pending.
-CREATE FUNCTION agentloop_take(p_session uuid, p_epoch bigint, p_owner text, p_run uuid)
+CREATE FUNCTION agentloop_take(p_session uuid, p_epoch bigint, p_owner text)
 RETURNS TABLE (held boolean, seq bigint, idempotency_key text, kind text, payload bytea,
                run_id uuid, status text, attempts int, started_at timestamptz,
                finished_at timestamptz)
@@ -94,7 +135,7 @@ BEGIN
     payload := item.payload;
     INSERT INTO runs AS r
         (id, session_id, inbox_seq, idempotency_key, status, attempts, epoch, owner, started_at)
-    VALUES (p_run, p_session, item.seq,
+    VALUES (agentloop_run_id(p_session, item.idempotency_key), p_session, item.seq,
             item.idempotency_key, 'running', 1, p_epoch, p_owner, clock_timestamp())
     ON CONFLICT (inbox_seq) DO UPDATE
     SET attempts = r.attempts + 1,
@@ -113,8 +154,7 @@ $$;
 -- p_history_limit is set, takes the next input and reads that much history, all in one
 -- transaction.
 CREATE FUNCTION agentloop_enqueue(p_session uuid, p_key text, p_kind text, p_payload bytea,
-                                  p_owner text, p_ttl_ms bigint, p_history_limit bigint,
-                                  p_run uuid)
+                                  p_owner text, p_ttl_ms bigint, p_history_limit bigint)
 RETURNS TABLE (session_found boolean, inserted boolean, seq bigint, claimed boolean,
                epoch bigint, owner text, taken_seq bigint, taken_key text, taken_kind text,
                taken_payload bytea, run_id uuid, run_status text, run_attempts int,
@@ -128,10 +168,11 @@ DECLARE
     c record;
     t record;
 BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
     -- Locked before the insert: a holder releasing now either released before this lock (and
     -- the claim below finds the lease free) or runs its release after this commit, and its
     -- release then sees this input and keeps the lease.
-    SELECT lease_epoch, lease_owner INTO c
+    SELECT lease_epoch, lease_owner, lease_expires_at INTO c
     FROM sessions WHERE id = p_session
     FOR NO KEY UPDATE;
     session_found := FOUND;
@@ -157,16 +198,29 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    SELECT * INTO c FROM agentloop_claim(p_session, p_owner, p_ttl_ms);
-    claimed := c.claimed;
-    epoch := c.epoch;
-    owner := c.owner;
-    IF NOT claimed OR p_history_limit IS NULL THEN
+    -- The claim, take and history read below are agentloop_claim, agentloop_take and
+    -- agentloop_history written out: a nested call costs an executor start of its own.
+    IF c.lease_owner IS NOT NULL AND c.lease_expires_at >= now() THEN
         RETURN NEXT;
         RETURN;
     END IF;
-    SELECT * INTO t FROM agentloop_take(p_session, c.epoch, p_owner, p_run);
-    IF t.seq IS NULL THEN
+    UPDATE sessions AS s
+    SET lease_owner = p_owner,
+        lease_epoch = agentloop_next_epoch(s.lease_epoch),
+        lease_expires_at = now() + p_ttl_ms * interval '1 millisecond'
+    WHERE s.id = p_session
+    RETURNING s.lease_epoch, s.lease_owner INTO epoch, owner;
+    claimed := true;
+    IF p_history_limit IS NULL THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT i.seq, i.idempotency_key, i.kind, i.payload INTO t
+    FROM session_inbox AS i
+    WHERE i.session_id = p_session AND i.consumed_at IS NULL
+    ORDER BY (i.kind = 'interrupt') DESC, i.seq
+    LIMIT 1;
+    IF NOT FOUND THEN
         RETURN NEXT;
         RETURN;
     END IF;
@@ -174,11 +228,18 @@ BEGIN
     taken_key := t.idempotency_key;
     taken_kind := t.kind;
     taken_payload := t.payload;
-    run_id := t.run_id;
-    run_status := t.status;
-    run_attempts := t.attempts;
-    run_started_at := t.started_at;
-    run_finished_at := t.finished_at;
+    INSERT INTO runs AS r
+        (id, session_id, inbox_seq, idempotency_key, status, attempts, epoch, owner, started_at)
+    VALUES (agentloop_run_id(p_session, t.idempotency_key), p_session, t.seq, t.idempotency_key,
+            'running', 1, agentloop_enqueue.epoch, p_owner, clock_timestamp())
+    ON CONFLICT (inbox_seq) DO UPDATE
+    SET attempts = r.attempts + 1,
+        epoch = EXCLUDED.epoch,
+        owner = EXCLUDED.owner,
+        resumed_at = clock_timestamp(),
+        status = 'running'
+    RETURNING r.id, r.status, r.attempts, r.started_at, r.finished_at
+    INTO run_id, run_status, run_attempts, run_started_at, run_finished_at;
     IF p_history_limit > 0 THEN
         SELECT array_agg(h.seq ORDER BY h.seq), array_agg(h.entry_key ORDER BY h.seq),
                array_agg(h.role ORDER BY h.seq), array_agg(h.content ORDER BY h.seq),
@@ -187,7 +248,14 @@ BEGIN
                array_agg(h.created_at ORDER BY h.seq)
         INTO h_seq, h_key, h_role, h_content, h_run_id, h_tool_call_id, h_tool_name, h_data,
              h_created_at
-        FROM agentloop_history(p_session, p_history_limit) AS h;
+        FROM (
+            SELECT e.seq, e.entry_key, e.role, e.content, e.run_id, e.tool_call_id,
+                   e.tool_name, e.data, e.created_at
+            FROM transcript_entries AS e
+            WHERE e.session_id = p_session
+            ORDER BY e.seq DESC
+            LIMIT p_history_limit
+        ) AS h;
     END IF;
     RETURN NEXT;
 END
@@ -243,10 +311,11 @@ BEGIN
 END
 $$;
 
--- The end of a run, fenced by the epoch and in one transaction: its last entries, the input
--- consumed, the run finished and the session's usage bumped (each only if not done yet, so a
+-- The end of a run, fenced by the epoch and in one transaction: its last entries, the run
+-- finished, its input consumed and the session's usage bumped (each only if not done yet, so a
 -- retry changes nothing and counts no token twice), and the lease given back when asked and
--- nothing else is pending.
+-- nothing else is pending. Written out rather than calling agentloop_append and
+-- agentloop_release: five statements instead of ten.
 CREATE FUNCTION agentloop_finish_run(p_session uuid, p_epoch bigint, p_run uuid, p_seq bigint,
                                      p_status text, p_error text, p_model text,
                                      p_input_tokens bigint, p_output_tokens bigint,
@@ -258,11 +327,11 @@ RETURNS TABLE (held boolean, run_found boolean, finished boolean, released boole
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
     held := false;
     run_found := false;
     finished := false;
     released := false;
-    -- The strongest lock first, so the append's share lock is one already held.
     PERFORM 1 FROM sessions
     WHERE id = p_session AND lease_epoch = p_epoch AND lease_owner IS NOT NULL
     FOR NO KEY UPDATE;
@@ -272,33 +341,56 @@ BEGIN
     END IF;
     held := true;
     IF cardinality(p_keys) > 0 THEN
-        PERFORM agentloop_append(p_session, p_epoch, p_keys, p_roles, p_contents, p_run_ids,
-                                 p_tool_call_ids, p_tool_names, p_data);
+        INSERT INTO transcript_entries
+            (session_id, entry_key, role, content, run_id, tool_call_id, tool_name, data)
+        SELECT p_session, e.entry_key, e.role, e.content, e.run_id, e.tool_call_id,
+               e.tool_name, e.data
+        FROM unnest(p_keys, p_roles, p_contents, p_run_ids, p_tool_call_ids, p_tool_names,
+                    p_data)
+            WITH ORDINALITY AS e (entry_key, role, content, run_id, tool_call_id, tool_name,
+                                  data, ord)
+        ORDER BY e.ord
+        ON CONFLICT (session_id, entry_key) DO NOTHING;
     END IF;
-    PERFORM 1 FROM runs AS r WHERE r.id = p_run AND r.inbox_seq = p_seq AND r.session_id = p_session;
-    run_found := FOUND;
-    IF NOT run_found THEN
-        RETURN NEXT;
-        RETURN;
-    END IF;
-    UPDATE session_inbox AS i
-    SET consumed_at = clock_timestamp(), run_id = p_run
-    WHERE i.seq = p_seq AND i.session_id = p_session AND i.consumed_at IS NULL;
     UPDATE runs AS r
     SET status = p_status, finished_at = clock_timestamp(), error = p_error, model = p_model,
         input_tokens = p_input_tokens, output_tokens = p_output_tokens,
         provider = p_provider, profile = p_profile
-    WHERE r.id = p_run AND r.finished_at IS NULL;
+    WHERE r.id = p_run AND r.inbox_seq = p_seq AND r.session_id = p_session
+      AND r.finished_at IS NULL;
     finished := FOUND;
     IF finished THEN
-        UPDATE sessions AS s
-        SET input_tokens = s.input_tokens + p_input_tokens,
-            output_tokens = s.output_tokens + p_output_tokens,
-            updated_at = now()
-        WHERE s.id = p_session;
+        run_found := true;
+    ELSE
+        -- A retry of a finished run, or a run that is not this session's run of that input.
+        PERFORM 1 FROM runs AS r
+        WHERE r.id = p_run AND r.inbox_seq = p_seq AND r.session_id = p_session;
+        run_found := FOUND;
+        IF NOT run_found THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
     END IF;
-    IF p_release THEN
-        released := agentloop_release(p_session, p_epoch);
+    UPDATE session_inbox AS i
+    SET consumed_at = clock_timestamp(), run_id = p_run
+    WHERE i.seq = p_seq AND i.session_id = p_session AND i.consumed_at IS NULL;
+    IF finished OR p_release THEN
+        -- A fresh snapshot: it sees the input consumed above and any input enqueued before
+        -- this transaction took the session's lock.
+        UPDATE sessions AS s
+        SET input_tokens = s.input_tokens + CASE WHEN finished THEN p_input_tokens ELSE 0 END,
+            output_tokens = s.output_tokens + CASE WHEN finished THEN p_output_tokens ELSE 0 END,
+            updated_at = CASE WHEN finished THEN now() ELSE s.updated_at END,
+            lease_owner = CASE WHEN give_back THEN NULL ELSE s.lease_owner END,
+            lease_expires_at = CASE WHEN give_back THEN NULL ELSE s.lease_expires_at END
+        FROM (
+            SELECT p_release AND NOT EXISTS (
+                SELECT 1 FROM session_inbox AS i
+                WHERE i.session_id = p_session AND i.consumed_at IS NULL
+            ) AS give_back
+        ) AS decision
+        WHERE s.id = p_session
+        RETURNING decision.give_back INTO released;
     END IF;
     RETURN NEXT;
 END

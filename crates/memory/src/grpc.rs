@@ -231,6 +231,16 @@ impl SessionApi {
         })
     }
 
+    async fn flush(&self, req: pb::FlushRequest) -> Result<pb::FlushResponse, MemoryError> {
+        let rows: Vec<(i64, String)> = req
+            .rows
+            .into_iter()
+            .map(|row| (row.seq, row.idempotency_key))
+            .collect();
+        let durable_seqs = self.store()?.flush(&rows).await?;
+        Ok(pb::FlushResponse { durable_seqs })
+    }
+
     async fn claim_session(
         &self,
         req: pb::ClaimSessionRequest,
@@ -394,6 +404,14 @@ impl SessionService for SessionApi {
     ) -> Result<Response<pb::EnqueueResponse>, Status> {
         let result = SessionApi::enqueue(self, request.into_inner()).await;
         self.reply("Enqueue", result)
+    }
+
+    async fn flush(
+        &self,
+        request: Request<pb::FlushRequest>,
+    ) -> Result<Response<pb::FlushResponse>, Status> {
+        let result = SessionApi::flush(self, request.into_inner()).await;
+        self.reply("Flush", result)
     }
 
     async fn claim_session(

@@ -110,6 +110,8 @@ pub fn init(service: &str, config: &TelemetryConfig) -> Result<TelemetryGuard, T
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_target(false)
+                    // Colour codes only for a person at a terminal, not in files and collectors.
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                     .with_writer(std::io::stderr),
             )
             .try_init()

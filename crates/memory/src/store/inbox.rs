@@ -110,7 +110,6 @@ pub(crate) async fn enqueue_call(
                 .and_then(|c| c.take_with_history)
                 .map(i64::from),
         )
-        .bind(Uuid::now_v7())
         .fetch_one(pool)
         .await
         .map_err(|err| translate(err, session_id))?;
@@ -230,7 +229,6 @@ pub(crate) async fn take_on<'e, E: sqlx::PgExecutor<'e>>(
         .bind(session_id)
         .bind(epoch)
         .bind(owner)
-        .bind(Uuid::now_v7())
         .fetch_one(executor)
         .await
 }

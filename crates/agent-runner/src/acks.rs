@@ -1,0 +1,102 @@
+//! Acknowledges run commands once their inbox rows are on disk. Enqueue commits without waiting
+//! for the disk, so the reply path never waits for it; one Flush then covers every command
+//! enqueued before it and reports which rows it found, and only those commands are acked. A
+//! command whose row was lost (the database crashed first) or whose flush failed stays
+//! unacknowledged: JetStream delivers it again and the inbox absorbs any repeat.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use agentloop_proto::v1::{FlushRequest, InboxRow};
+
+use crate::memory::{Memory, with_retry};
+
+/// How long the first command of a batch waits for others before the flush.
+const GATHER: Duration = Duration::from_millis(10);
+
+/// Where intake hands a command over once its enqueue has returned, with its inbox row.
+pub(crate) type AckSender = mpsc::UnboundedSender<(jetstream::Message, InboxRow)>;
+
+/// Starts the acknowledger; after `stop` it flushes and acknowledges what it holds, then ends.
+pub(crate) fn start(memory: Memory, stop: CancellationToken) -> (AckSender, JoinHandle<()>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (tx, tokio::spawn(acknowledge(memory, rx, stop)))
+}
+
+async fn acknowledge(
+    memory: Memory,
+    mut rx: mpsc::UnboundedReceiver<(jetstream::Message, InboxRow)>,
+    stop: CancellationToken,
+) {
+    let mut batch = Vec::new();
+    loop {
+        let stopping = tokio::select! {
+            biased;
+            msg = rx.recv() => match msg {
+                Some(msg) => {
+                    batch.push(msg);
+                    false
+                }
+                None => true,
+            },
+            () = stop.cancelled() => true,
+        };
+        // Acks wait a little so that one flush covers many commands: nobody waits for an ack,
+        // and each flush is a disk write.
+        if !stopping && !batch.is_empty() {
+            tokio::time::sleep(GATHER).await;
+        }
+        while let Ok(msg) = rx.try_recv() {
+            batch.push(msg);
+        }
+        if !batch.is_empty() {
+            flush_and_ack(&memory, &mut batch).await;
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+async fn flush_and_ack(memory: &Memory, batch: &mut Vec<(jetstream::Message, InboxRow)>) {
+    let request = FlushRequest {
+        rows: batch.iter().map(|(_, row)| row.clone()).collect(),
+    };
+    let flushed = with_retry("flush", || {
+        let mut memory = memory.clone();
+        let request = request.clone();
+        async move { memory.flush(request).await }
+    })
+    .await;
+    let durable: HashSet<i64> = match flushed {
+        Ok(response) => response.durable_seqs.into_iter().collect(),
+        Err(err) => {
+            tracing::warn!(
+                error = %err,
+                commands = batch.len(),
+                "cannot confirm the inbox rows are on disk; leaving the commands for redelivery"
+            );
+            batch.clear();
+            return;
+        }
+    };
+    for (msg, row) in batch.drain(..) {
+        if !durable.contains(&row.seq) {
+            tracing::warn!(
+                seq = row.seq,
+                subject = %msg.subject,
+                "inbox row not found after a flush (lost in a database crash?); leaving the command for redelivery"
+            );
+            continue;
+        }
+        // A plain ack: a lost one only brings a redelivery the inbox absorbs.
+        if let Err(err) = msg.ack().await {
+            tracing::warn!(error = %err, "ack failed; a redelivery will be absorbed by the inbox");
+        }
+    }
+}
