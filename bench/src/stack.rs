@@ -188,6 +188,12 @@ impl Stack {
         for (key, value) in extra_env {
             cmd.env(key, value);
         }
+        // Experiments: `BENCH_SERVICE_ENV="KEY=value,KEY2=value"` reaches every service.
+        if let Ok(pairs) = std::env::var("BENCH_SERVICE_ENV") {
+            for (key, value) in pairs.split(',').filter_map(|pair| pair.split_once('=')) {
+                cmd.env(key.trim(), value.trim());
+            }
+        }
         self.spawn(name, cmd, Some(admin))?;
         self.wait_ready(name, Duration::from_secs(60)).await
     }

@@ -83,6 +83,9 @@ pub struct RunnerSettings {
     pub max_concurrent_model_calls: usize,
     /// Transcript entries given to the model as context.
     pub history_limit: u32,
+    /// Transcript entries kept in memory across sessions, so a session's next run fetches only
+    /// what is new; the least recently used sessions are dropped first. 0 turns it off.
+    pub history_cache_entries: usize,
     /// System prompt of the default agent.
     pub system_prompt: String,
     /// A run is cut after this long.
@@ -114,6 +117,7 @@ impl Default for RunnerSettings {
             max_concurrent_runs: 256,
             max_concurrent_model_calls: 64,
             history_limit: 200,
+            history_cache_entries: 20_000,
             system_prompt: "You are a helpful assistant.".to_owned(),
             run_timeout_ms: 600_000,
             intake_lanes: 32,

@@ -61,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     /// Acknowledges run commands once their inbox rows are on disk.
     pub(crate) acks: crate::acks::AckSender,
+    /// The transcript windows of recent sessions.
+    pub(crate) histories: Mutex<crate::history::HistoryCache>,
 }
 
 pub(crate) struct Metrics {
@@ -105,6 +107,10 @@ pub(crate) async fn serve(
         bus: bus.clone(),
         memory,
         acks,
+        histories: Mutex::new(crate::history::HistoryCache::new(
+            config.runner.history_cache_entries,
+            config.runner.history_limit,
+        )),
         models,
         models_config: config.models.clone(),
         settings: config.runner.clone(),
@@ -306,6 +312,7 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
         claim_ttl_ms: u32::try_from(shared.settings.lease_ttl_ms).unwrap_or(u32::MAX),
         take_when_claimed: true,
         history_limit: shared.settings.history_limit,
+        history_after_seq: crate::history::after_seq(shared, &command.session_id),
     };
     let memory = shared.memory.clone();
     let enqueued = with_retry("enqueue", || {
@@ -340,7 +347,10 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
     };
     let _ = shared.acks.send((msg, row));
     if enqueued.claimed {
-        start_owner(shared, &command.session_id, enqueued.epoch, enqueued.taken);
+        let first = enqueued
+            .taken
+            .map(|taken| (taken, request.history_after_seq));
+        start_owner(shared, &command.session_id, enqueued.epoch, first);
         return;
     }
     if request.claim_owner.is_empty() {
@@ -358,7 +368,7 @@ fn start_owner(
     shared: &Arc<Shared>,
     session_id: &str,
     epoch: i64,
-    first: Option<agentloop_proto::v1::TakeNextResponse>,
+    first: Option<(agentloop_proto::v1::TakeNextResponse, i64)>,
 ) {
     // A previous owner of this replica may still be exiting; the new signals replace its own,
     // and it only ever removes the entry that is its own.

@@ -11,6 +11,7 @@ mod config;
 mod control;
 mod error;
 mod events;
+mod history;
 mod hooks;
 mod intake;
 mod memory;

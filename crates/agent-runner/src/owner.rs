@@ -21,7 +21,7 @@ pub(crate) async fn own(
     shared: Arc<Shared>,
     session_id: String,
     epoch: i64,
-    first: Option<TakeNextResponse>,
+    first: Option<(TakeNextResponse, i64)>,
 ) {
     let span = tracing::info_span!("own", session_id = %session_id, epoch);
     async {
@@ -57,7 +57,7 @@ async fn owner_loop(
     epoch: i64,
     lease_lost: &CancellationToken,
     signals: &Arc<SessionSignals>,
-    mut first: Option<TakeNextResponse>,
+    mut first: Option<(TakeNextResponse, i64)>,
 ) {
     loop {
         if lease_lost.is_cancelled() {
@@ -73,24 +73,27 @@ async fn owner_loop(
             }
             return;
         }
-        let request = TakeNextRequest {
-            session_id: session_id.to_owned(),
-            epoch,
-            owner: shared.owner_id.clone(),
-            // The context comes with the input: one call instead of two.
-            history_limit: shared.settings.history_limit,
-        };
-        let memory = shared.memory.clone();
         // The claim may have taken the first input already.
-        let taken = match first.take() {
-            Some(taken) => Ok(taken),
+        let (taken, after_seq) = match first.take() {
+            Some((taken, after_seq)) => (Ok(taken), after_seq),
             None => {
-                with_retry("take_next", || {
+                let after_seq = crate::history::after_seq(shared, session_id);
+                let request = TakeNextRequest {
+                    session_id: session_id.to_owned(),
+                    epoch,
+                    owner: shared.owner_id.clone(),
+                    // The context comes with the input: one call instead of two.
+                    history_limit: shared.settings.history_limit,
+                    history_after_seq: after_seq,
+                };
+                let memory = shared.memory.clone();
+                let taken = with_retry("take_next", || {
                     let mut memory = memory.clone();
                     let request = request.clone();
                     async move { memory.take_next(request).await }
                 })
-                .await
+                .await;
+                (taken, after_seq)
             }
         };
         match taken {
@@ -99,6 +102,22 @@ async fn owner_loop(
                     let Ok(_slot) = shared.run_slots.acquire().await else {
                         return;
                     };
+                    let history = match crate::history::window(
+                        shared,
+                        session_id,
+                        after_seq,
+                        next.history,
+                        next.history_is_delta,
+                    )
+                    .await
+                    {
+                        Ok(history) => history,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "cannot read the session's history, retrying");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            continue;
+                        }
+                    };
                     let executed = tokio::select! {
                         // Checked first: once the drain time is over the run is dropped where
                         // it stands (every write so far is keyed and fenced, so nothing is
@@ -106,7 +125,7 @@ async fn owner_loop(
                         // being answered as aborted.
                         biased;
                         () = shared.abandon.cancelled() => return,
-                        executed = run::execute(shared, run::Owner { session_id, epoch, lease_lost, signals }, item, run, next.history) => executed,
+                        executed = run::execute(shared, run::Owner { session_id, epoch, lease_lost, signals }, item, run, history) => executed,
                     };
                     match executed {
                         // The run's last write gave the lease back: nothing else was pending.

@@ -67,6 +67,36 @@ LANGUAGE sql STABLE AS $$
     ORDER BY n.seq
 $$;
 
+-- The newest p_limit entries of a session, oldest first, as parallel arrays. With p_after > 0
+-- and that entry still there (a reset deletes the transcript), only the entries after it:
+-- the caller holds the rest, and delta says so.
+CREATE FUNCTION agentloop_history_window(p_session uuid, p_limit bigint, p_after bigint,
+    OUT delta boolean, OUT h_seq bigint[], OUT h_key text[], OUT h_role text[],
+    OUT h_content text[], OUT h_run_id uuid[], OUT h_tool_call_id text[],
+    OUT h_tool_name text[], OUT h_data text[], OUT h_created_at timestamptz[])
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    delta := p_after > 0 AND EXISTS (
+        SELECT 1 FROM transcript_entries AS e WHERE e.session_id = p_session AND e.seq = p_after
+    );
+    SELECT array_agg(h.seq ORDER BY h.seq), array_agg(h.entry_key ORDER BY h.seq),
+           array_agg(h.role ORDER BY h.seq), array_agg(h.content ORDER BY h.seq),
+           array_agg(h.run_id ORDER BY h.seq), array_agg(h.tool_call_id ORDER BY h.seq),
+           array_agg(h.tool_name ORDER BY h.seq), array_agg(h.data ORDER BY h.seq),
+           array_agg(h.created_at ORDER BY h.seq)
+    INTO h_seq, h_key, h_role, h_content, h_run_id, h_tool_call_id, h_tool_name, h_data,
+         h_created_at
+    FROM (
+        SELECT e.seq, e.entry_key, e.role, e.content, e.run_id, e.tool_call_id, e.tool_name,
+               e.data, e.created_at
+        FROM transcript_entries AS e
+        WHERE e.session_id = p_session AND (NOT delta OR e.seq > p_after)
+        ORDER BY e.seq DESC
+        LIMIT p_limit
+    ) AS h;
+END
+$$;
+
 -- Takes the lease when it is free or expired; when it is held, reports the holder. No row for
 -- an unknown session. The row is locked before the lease is judged: judging it on a snapshot
 -- could skip a release in flight and leave a new input without an owner.
@@ -154,14 +184,15 @@ $$;
 -- p_history_limit is set, takes the next input and reads that much history, all in one
 -- transaction.
 CREATE FUNCTION agentloop_enqueue(p_session uuid, p_key text, p_kind text, p_payload bytea,
-                                  p_owner text, p_ttl_ms bigint, p_history_limit bigint)
+                                  p_owner text, p_ttl_ms bigint, p_history_limit bigint,
+                                  p_history_after bigint)
 RETURNS TABLE (session_found boolean, inserted boolean, seq bigint, claimed boolean,
                epoch bigint, owner text, taken_seq bigint, taken_key text, taken_kind text,
                taken_payload bytea, run_id uuid, run_status text, run_attempts int,
                run_started_at timestamptz, run_finished_at timestamptz,
                h_seq bigint[], h_key text[], h_role text[], h_content text[], h_run_id uuid[],
                h_tool_call_id text[], h_tool_name text[], h_data text[],
-               h_created_at timestamptz[])
+               h_created_at timestamptz[], h_delta boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -198,8 +229,8 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    -- The claim, take and history read below are agentloop_claim, agentloop_take and
-    -- agentloop_history written out: a nested call costs an executor start of its own.
+    -- The claim and take below are agentloop_claim and agentloop_take written out: a nested
+    -- call costs an executor start of its own.
     IF c.lease_owner IS NOT NULL AND c.lease_expires_at >= now() THEN
         RETURN NEXT;
         RETURN;
@@ -241,21 +272,11 @@ BEGIN
     RETURNING r.id, r.status, r.attempts, r.started_at, r.finished_at
     INTO run_id, run_status, run_attempts, run_started_at, run_finished_at;
     IF p_history_limit > 0 THEN
-        SELECT array_agg(h.seq ORDER BY h.seq), array_agg(h.entry_key ORDER BY h.seq),
-               array_agg(h.role ORDER BY h.seq), array_agg(h.content ORDER BY h.seq),
-               array_agg(h.run_id ORDER BY h.seq), array_agg(h.tool_call_id ORDER BY h.seq),
-               array_agg(h.tool_name ORDER BY h.seq), array_agg(h.data ORDER BY h.seq),
-               array_agg(h.created_at ORDER BY h.seq)
-        INTO h_seq, h_key, h_role, h_content, h_run_id, h_tool_call_id, h_tool_name, h_data,
-             h_created_at
-        FROM (
-            SELECT e.seq, e.entry_key, e.role, e.content, e.run_id, e.tool_call_id,
-                   e.tool_name, e.data, e.created_at
-            FROM transcript_entries AS e
-            WHERE e.session_id = p_session
-            ORDER BY e.seq DESC
-            LIMIT p_history_limit
-        ) AS h;
+        SELECT w.delta, w.h_seq, w.h_key, w.h_role, w.h_content, w.h_run_id, w.h_tool_call_id,
+               w.h_tool_name, w.h_data, w.h_created_at
+        INTO h_delta, h_seq, h_key, h_role, h_content, h_run_id, h_tool_call_id, h_tool_name,
+             h_data, h_created_at
+        FROM agentloop_history_window(p_session, p_history_limit, p_history_after) AS w;
     END IF;
     RETURN NEXT;
 END

@@ -205,10 +205,13 @@ impl SessionApi {
                 &req.payload,
                 &req.claim_owner,
                 parse_ttl(req.claim_ttl_ms)?,
-                req.take_when_claimed.then_some(req.history_limit),
+                req.take_when_claimed.then_some(store::HistoryAsk {
+                    limit: req.history_limit,
+                    after_seq: req.history_after_seq,
+                }),
             )
             .await?;
-        let taken = taken.map(|(taken, history)| match taken {
+        let taken = taken.map(|(taken, (history_is_delta, history))| match taken {
             Some(taken) => pb::TakeNextResponse {
                 item: Some(pb::InboxItem {
                     seq: taken.item.seq,
@@ -218,6 +221,7 @@ impl SessionApi {
                 }),
                 run: Some(run_message(taken.run)),
                 history: history.into_iter().map(entry_message).collect(),
+                history_is_delta,
             },
             None => pb::TakeNextResponse::default(),
         });
@@ -287,24 +291,20 @@ impl SessionApi {
             .take_next(session_id, req.epoch, &req.owner)
             .await?
         else {
-            return Ok(pb::TakeNextResponse {
-                item: None,
-                run: None,
-                history: Vec::new(),
-            });
+            return Ok(pb::TakeNextResponse::default());
         };
-        let history = if req.history_limit > 0 {
-            self.store()?
-                .get_history(session_id, req.history_limit)
-                .await?
-                .into_iter()
-                .map(entry_message)
-                .collect()
+        let (history_is_delta, history) = if req.history_limit > 0 {
+            let ask = store::HistoryAsk {
+                limit: req.history_limit,
+                after_seq: req.history_after_seq,
+            };
+            self.store()?.history_window(session_id, ask).await?
         } else {
-            Vec::new()
+            (false, Vec::new())
         };
         Ok(pb::TakeNextResponse {
-            history,
+            history: history.into_iter().map(entry_message).collect(),
+            history_is_delta,
             item: Some(pb::InboxItem {
                 seq: taken.item.seq,
                 idempotency_key: taken.item.idempotency_key,

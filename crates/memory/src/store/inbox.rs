@@ -69,6 +69,15 @@ pub(crate) struct EnqueueRow {
     run_attempts: Option<i32>,
     run_started_at: Option<DateTime<Utc>>,
     run_finished_at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    history: HistoryWindow,
+}
+
+/// A history window as `agentloop_history_window` returns it: parallel arrays, oldest first.
+#[derive(sqlx::FromRow, Default)]
+pub(crate) struct HistoryWindow {
+    /// Whether the arrays hold only the entries after the caller's copy.
+    h_delta: Option<bool>,
     h_seq: Option<Vec<i64>>,
     h_key: Option<Vec<String>>,
     h_role: Option<Vec<String>>,
@@ -80,11 +89,41 @@ pub(crate) struct EnqueueRow {
     h_created_at: Option<Vec<DateTime<Utc>>>,
 }
 
+impl HistoryWindow {
+    /// Returns whether the window is a delta, and its entries oldest first.
+    pub(crate) fn into_entries(self) -> (bool, Vec<super::Entry>) {
+        let seqs = self.h_seq.unwrap_or_default();
+        let mut keys = self.h_key.unwrap_or_default().into_iter();
+        let mut roles = self.h_role.unwrap_or_default().into_iter();
+        let mut contents = self.h_content.unwrap_or_default().into_iter();
+        let mut run_ids = self.h_run_id.unwrap_or_default().into_iter();
+        let mut call_ids = self.h_tool_call_id.unwrap_or_default().into_iter();
+        let mut names = self.h_tool_name.unwrap_or_default().into_iter();
+        let mut data = self.h_data.unwrap_or_default().into_iter();
+        let mut created = self.h_created_at.unwrap_or_default().into_iter();
+        let entries = seqs
+            .into_iter()
+            .map(|seq| super::Entry {
+                seq,
+                key: keys.next().unwrap_or_default(),
+                role: roles.next().unwrap_or_default(),
+                content: contents.next().unwrap_or_default(),
+                run_id: run_ids.next().flatten(),
+                tool_call_id: call_ids.next().flatten(),
+                tool_name: names.next().flatten(),
+                data: data.next().flatten(),
+                created_at: created.next().unwrap_or_else(Utc::now),
+            })
+            .collect();
+        (self.h_delta.unwrap_or(false), entries)
+    }
+}
+
 /// With an owner, [`enqueue_call`] also claims; with a history limit too, it takes and reads.
 pub(crate) struct ClaimAlong<'a> {
     pub(crate) owner: &'a str,
     pub(crate) ttl_ms: i64,
-    pub(crate) take_with_history: Option<u32>,
+    pub(crate) take_with_history: Option<super::HistoryAsk>,
 }
 
 /// Calls `agentloop_enqueue`: the insert and, with `claim`, the claim, take and history read,
@@ -108,7 +147,13 @@ pub(crate) async fn enqueue_call(
             claim
                 .as_ref()
                 .and_then(|c| c.take_with_history)
-                .map(i64::from),
+                .map(|h| i64::from(h.limit)),
+        )
+        .bind(
+            claim
+                .as_ref()
+                .and_then(|c| c.take_with_history)
+                .map_or(0, |h| h.after_seq),
         )
         .fetch_one(pool)
         .await
@@ -152,30 +197,9 @@ impl EnqueueRow {
         })
     }
 
-    /// The history read along, oldest first.
-    pub(crate) fn history(&mut self) -> Vec<super::Entry> {
-        let seqs = self.h_seq.take().unwrap_or_default();
-        let mut keys = self.h_key.take().unwrap_or_default().into_iter();
-        let mut roles = self.h_role.take().unwrap_or_default().into_iter();
-        let mut contents = self.h_content.take().unwrap_or_default().into_iter();
-        let mut run_ids = self.h_run_id.take().unwrap_or_default().into_iter();
-        let mut call_ids = self.h_tool_call_id.take().unwrap_or_default().into_iter();
-        let mut names = self.h_tool_name.take().unwrap_or_default().into_iter();
-        let mut data = self.h_data.take().unwrap_or_default().into_iter();
-        let mut created = self.h_created_at.take().unwrap_or_default().into_iter();
-        seqs.into_iter()
-            .map(|seq| super::Entry {
-                seq,
-                key: keys.next().unwrap_or_default(),
-                role: roles.next().unwrap_or_default(),
-                content: contents.next().unwrap_or_default(),
-                run_id: run_ids.next().flatten(),
-                tool_call_id: call_ids.next().flatten(),
-                tool_name: names.next().flatten(),
-                data: data.next().flatten(),
-                created_at: created.next().unwrap_or_else(Utc::now),
-            })
-            .collect()
+    /// The history read along: whether it is a delta, and its entries oldest first.
+    pub(crate) fn history(&mut self) -> (bool, Vec<super::Entry>) {
+        std::mem::take(&mut self.history).into_entries()
     }
 }
 

@@ -87,6 +87,16 @@ impl Store {
     }
 }
 
+/// How much history to send along with a taken input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryAsk {
+    /// The newest this many entries.
+    pub limit: u32,
+    /// The caller holds the transcript through this seq: only newer entries when it still
+    /// exists. 0: the whole window.
+    pub after_seq: i64,
+}
+
 /// A conversation session.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct Session {

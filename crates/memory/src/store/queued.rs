@@ -68,12 +68,12 @@ impl Store {
         payload: &[u8],
         owner: &str,
         ttl: std::time::Duration,
-        take_with_history: Option<u32>,
+        take_with_history: Option<super::HistoryAsk>,
     ) -> Result<
         (
             super::Enqueued,
             super::Claim,
-            Option<(Option<super::Taken>, Vec<super::Entry>)>,
+            Option<(Option<super::Taken>, (bool, Vec<super::Entry>))>,
         ),
         MemoryError,
     > {

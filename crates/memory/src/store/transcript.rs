@@ -72,6 +72,26 @@ impl Store {
             .map_err(|err| translate(err, session_id))
     }
 
+    /// Returns the newest `ask.limit` entries, oldest first, or only those after
+    /// `ask.after_seq` when that entry still exists; says which it did.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn history_window(
+        &self,
+        session_id: Uuid,
+        ask: super::HistoryAsk,
+    ) -> Result<(bool, Vec<Entry>), MemoryError> {
+        sqlx::query_as::<_, super::inbox::HistoryWindow>(include_str!("queries/history_window.sql"))
+            .bind(session_id)
+            .bind(i64::from(ask.limit))
+            .bind(ask.after_seq)
+            .fetch_one(&self.pool)
+            .await
+            .map(super::inbox::HistoryWindow::into_entries)
+            .map_err(|err| translate(err, session_id))
+    }
+
     /// Appends entries for the lease holder `epoch`, skipping those whose key exists; returns
     /// how many were new.
     ///

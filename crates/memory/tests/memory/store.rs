@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use agentloop_memory::{InboxKind, MemoryError, NewEntry, RunOutcome, RunStatus, Store};
+use agentloop_memory::{
+    HistoryAsk, InboxKind, MemoryError, NewEntry, RunOutcome, RunStatus, Store,
+};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -509,6 +511,50 @@ async fn history_returns_the_newest_entries_oldest_first(pool: PgPool) {
     let contents: Vec<_> = newest.iter().map(|e| e.content.as_str()).collect();
     assert_eq!(contents, ["3", "4", "5"]);
     assert!(newest.windows(2).all(|w| w[0].seq < w[1].seq));
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_history_window_after_a_held_entry_is_a_delta_until_a_reset(pool: PgPool) {
+    let store = Store::new(pool);
+    let (session_id, epoch) = held_session(&store, "s", "runner-a").await;
+    let entries: Vec<_> = (1..=4)
+        .map(|i| entry(&format!("m{i}"), &format!("{i}")))
+        .collect();
+    store
+        .append_entries(session_id, epoch, &entries)
+        .await
+        .unwrap();
+    let ask = |after_seq| HistoryAsk {
+        limit: 3,
+        after_seq,
+    };
+    let contents = |entries: &[agentloop_memory::Entry]| {
+        entries
+            .iter()
+            .map(|e| e.content.clone())
+            .collect::<Vec<_>>()
+    };
+
+    let (full_delta, full) = store.history_window(session_id, ask(0)).await.unwrap();
+    let (delta, newer) = store
+        .history_window(session_id, ask(full[0].seq))
+        .await
+        .unwrap();
+    store.reset_session("s").await.unwrap();
+    let (after_reset_delta, after_reset) = store
+        .history_window(session_id, ask(full[2].seq))
+        .await
+        .unwrap();
+
+    assert!(!full_delta);
+    assert_eq!(contents(&full), ["2", "3", "4"]);
+    assert!(delta, "the held entry exists: only newer ones come");
+    assert_eq!(contents(&newer), ["3", "4"]);
+    assert!(
+        !after_reset_delta,
+        "a reset removed the held entry: the whole window comes"
+    );
+    assert!(after_reset.is_empty());
 }
 
 #[sqlx::test(migrations = "./migrations")]
