@@ -90,7 +90,8 @@ BEGIN
         SELECT e.seq, e.entry_key, e.role, e.content, e.run_id, e.tool_call_id, e.tool_name,
                e.data, e.created_at
         FROM transcript_entries AS e
-        WHERE e.session_id = p_session AND (NOT delta OR e.seq > p_after)
+        -- A plain range on (session_id, seq): the scan stops at the first entry not wanted.
+        WHERE e.session_id = p_session AND e.seq > CASE WHEN delta THEN p_after ELSE 0 END
         ORDER BY e.seq DESC
         LIMIT p_limit
     ) AS h;
