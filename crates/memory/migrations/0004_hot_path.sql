@@ -17,6 +17,11 @@ ALTER TABLE transcript_entries DROP CONSTRAINT IF EXISTS transcript_entries_sess
 ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_session_id_fkey;
 ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_inbox_seq_fkey;
 
+-- A run's id derives from its input (agentloop_run_id), so the gateway finds a request's run by
+-- id; these indexes only cost every run two more insertions.
+DROP INDEX IF EXISTS runs_session;
+DROP INDEX IF EXISTS runs_session_idempotency;
+
 -- Makes every transaction committed before the call durable, and returns the seqs of the
 -- given inbox rows (seq and idempotency key) that exist: such a row was committed before this
 -- call, so this commit's flush covers it. A row lost in a crash is not returned (its seq may

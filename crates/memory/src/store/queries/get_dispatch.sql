@@ -5,7 +5,8 @@ WITH target AS (
     UNION ALL
     (SELECT d.session_key, d.idempotency_key
      FROM runs AS r
-     JOIN dispatches AS d ON d.session_id = r.session_id AND d.idempotency_key = r.idempotency_key
+     JOIN dispatches AS d
+       ON d.session_id = r.session_id AND d.idempotency_key = r.idempotency_key
      WHERE r.id = $1)
     UNION ALL
     (SELECT $2::text, $3::text WHERE $1::uuid IS NULL)
@@ -21,5 +22,5 @@ SELECT d.session_key, d.idempotency_key, d.run_handle, d.session_id, d.status, d
         LIMIT 1) AS run_answer
 FROM target
 JOIN dispatches AS d USING (session_key, idempotency_key)
-LEFT JOIN runs AS r ON r.session_id = d.session_id AND r.idempotency_key = d.idempotency_key
+LEFT JOIN runs AS r ON r.id = agentloop_run_id(d.session_id, d.idempotency_key)
 WHERE d.expires_at >= now()
