@@ -26,7 +26,7 @@ pub(crate) async fn window(
     after_seq: i64,
     fetched: Vec<Entry>,
     delta: bool,
-) -> Result<Vec<Entry>, MemoryCallError> {
+) -> Result<Arc<Vec<Entry>>, MemoryCallError> {
     let merged = shared
         .histories
         .lock()
@@ -52,7 +52,7 @@ pub(crate) async fn window(
         .lock()
         .ok()
         .and_then(|mut cache| cache.merge(session_id, 0, full.entries.clone(), false));
-    Ok(entries.unwrap_or(full.entries))
+    Ok(entries.unwrap_or_else(|| Arc::new(full.entries)))
 }
 
 /// Transcript windows by session id.
@@ -61,7 +61,7 @@ pub(crate) struct HistoryCache {
     window: usize,
     total: usize,
     tick: u64,
-    sessions: HashMap<String, (u64, Vec<Entry>)>,
+    sessions: HashMap<String, (u64, Arc<Vec<Entry>>)>,
     by_use: BTreeMap<u64, String>,
 }
 
@@ -95,10 +95,11 @@ impl HistoryCache {
         after_seq: i64,
         fetched: Vec<Entry>,
         delta: bool,
-    ) -> Option<Vec<Entry>> {
+    ) -> Option<Arc<Vec<Entry>>> {
         let held = self.remove(session_id);
         let mut entries = if delta {
-            let mut held = held?;
+            // Usually the last run is over and this is the only reference: no copy.
+            let mut held = Arc::try_unwrap(held?).unwrap_or_else(|shared| (*shared).clone());
             if held.last().map_or(0, |entry| entry.seq) != after_seq {
                 return None;
             }
@@ -110,11 +111,12 @@ impl HistoryCache {
         if entries.len() > self.window {
             entries.drain(..entries.len() - self.window);
         }
+        let entries = Arc::new(entries);
         self.keep(session_id, entries.clone());
         Some(entries)
     }
 
-    fn keep(&mut self, session_id: &str, entries: Vec<Entry>) {
+    fn keep(&mut self, session_id: &str, entries: Arc<Vec<Entry>>) {
         if self.max_entries == 0 || entries.len() > self.max_entries {
             return;
         }
@@ -133,7 +135,7 @@ impl HistoryCache {
         }
     }
 
-    fn remove(&mut self, session_id: &str) -> Option<Vec<Entry>> {
+    fn remove(&mut self, session_id: &str) -> Option<Arc<Vec<Entry>>> {
         let (tick, entries) = self.sessions.remove(session_id)?;
         self.by_use.remove(&tick);
         self.total -= entries.len();

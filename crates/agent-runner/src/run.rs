@@ -13,8 +13,8 @@ use tracing::Instrument as _;
 
 use agentloop_model::{ChatMessage, ToolCall, Usage};
 use agentloop_proto::v1::{
-    AppendEntriesRequest, Entry, FinishRunRequest, GetHistoryResponse, InboxItem, OutboundMessage,
-    Run, RunCommand, TakeQueuedRequest,
+    AppendEntriesRequest, Entry, FinishRunRequest, InboxItem, OutboundMessage, Run, RunCommand,
+    TakeQueuedRequest,
 };
 
 use crate::AgentConfig;
@@ -104,7 +104,7 @@ pub(crate) async fn execute(
     owner: Owner<'_>,
     item: InboxItem,
     run: Run,
-    history: Vec<Entry>,
+    history: Arc<Vec<Entry>>,
 ) -> Result<bool, MemoryCallError> {
     let Owner {
         session_id,
@@ -597,7 +597,7 @@ impl RunCtx<'_> {
 async fn converse(
     ctx: &RunCtx<'_>,
     item: &InboxItem,
-    history: Vec<Entry>,
+    history: Arc<Vec<Entry>>,
 ) -> Result<Outcome, MemoryCallError> {
     let shared = ctx.shared;
     // Collected messages queued behind this one are merged into the same turn.
@@ -612,36 +612,39 @@ async fn converse(
         .map(|(key, text)| ctx.user_entry(key.clone(), text))
         .collect();
     // The history came with the input; a resumed run finds its own inputs in it already.
-    let history = GetHistoryResponse { entries: history };
+    let entries: &[Entry] = &history;
     if let Ok(mut unwritten) = ctx.unwritten.lock() {
         unwritten.extend(
             user_entries
                 .into_iter()
-                .filter(|entry| !history.entries.iter().any(|e| e.key == entry.key)),
+                .filter(|entry| !entries.iter().any(|e| e.key == entry.key)),
         );
     }
-    let mut messages = prompt::conversation(&history.entries, &ctx.run.id);
+    let mut messages = prompt::conversation(entries, &ctx.run.id);
     // What came before this run is what a compaction may summarize.
-    let first_of_run = history
-        .entries
+    let first_of_run = entries
         .iter()
         .position(|e| e.run_id == ctx.run.id)
-        .unwrap_or(history.entries.len());
-    let mut prior = prompt::conversation(&history.entries[..first_of_run], &ctx.run.id).len();
-    let prior_through_seq = history.entries[..first_of_run]
+        .unwrap_or(entries.len());
+    // A new run has nothing of its own in the history yet: all of it came before.
+    let mut prior = if first_of_run == entries.len() {
+        messages.len()
+    } else {
+        prompt::conversation(&entries[..first_of_run], &ctx.run.id).len()
+    };
+    let prior_through_seq = entries[..first_of_run]
         .iter()
         .map(|e| e.seq)
         .max()
         .unwrap_or(0);
     let mut compactions = 0;
     for (key, text) in &inputs {
-        if !history.entries.iter().any(|e| &e.key == key) {
+        if !entries.iter().any(|e| &e.key == key) {
             messages.push(ChatMessage::user(text.clone()));
         }
     }
     // A resumed run continues after its last persisted step.
-    let mut turn: u32 = history
-        .entries
+    let mut turn: u32 = entries
         .iter()
         .filter(|e| e.run_id == ctx.run.id && e.role == "assistant")
         .count() as u32;
@@ -656,14 +659,12 @@ async fn converse(
     let tools = ToolSet::build(known, &ctx.agent.tools_allow, &ctx.agent.tools_deny);
     let specs = tools.specs();
 
-    if let Some(last) = history
-        .entries
+    if let Some(last) = entries
         .iter()
         .rev()
         .find(|e| e.run_id == ctx.run.id && e.role == "assistant")
     {
-        let answered: Vec<&str> = history
-            .entries
+        let answered: Vec<&str> = entries
             .iter()
             .filter(|e| e.role == "tool")
             .map(|e| e.tool_call_id.as_str())
