@@ -146,7 +146,7 @@ async fn supervise_database(
         // Connection chatter (every statement at info) would drown the service's own logs.
         .disable_statement_logging();
     let pool = PgPoolOptions::new()
-        .max_connections(config.memory.max_connections.max(1))
+        .max_connections(config.memory.pool_size())
         .acquire_timeout(ACQUIRE_TIMEOUT)
         // A ping before every checkout doubles the round trips of each call. A connection that
         // died with the server fails its next statement with an I/O error instead, which the
