@@ -303,20 +303,11 @@ pub struct HopRow {
     pub started: Option<f64>,
     /// `runs.finished_at`
     pub finished: Option<f64>,
-    /// The user transcript entry's `created_at`.
-    pub user_entry: Option<f64>,
-    /// The assistant transcript entry's `created_at`.
+    /// The assistant transcript entry's `created_at` (FinishRun's transaction start).
     pub assistant_entry: Option<f64>,
 }
 
-type DbTimes = (
-    String,
-    Option<f64>,
-    Option<f64>,
-    Option<f64>,
-    Option<f64>,
-    Option<f64>,
-);
+type DbTimes = (String, Option<f64>, Option<f64>, Option<f64>, Option<f64>);
 
 /// Joins traces with the database timestamps of the same runs.
 ///
@@ -332,8 +323,6 @@ pub async fn hop_rows(
                 extract(epoch FROM i.enqueued_at)::float8 * 1e6, \
                 extract(epoch FROM r.started_at)::float8 * 1e6, \
                 extract(epoch FROM r.finished_at)::float8 * 1e6, \
-                (SELECT extract(epoch FROM min(t.created_at))::float8 * 1e6 FROM transcript_entries t \
-                  WHERE t.session_id = r.session_id AND t.run_id = r.id AND t.role = 'user'), \
                 (SELECT extract(epoch FROM max(t.created_at))::float8 * 1e6 FROM transcript_entries t \
                   WHERE t.session_id = r.session_id AND t.run_id = r.id AND t.role = 'assistant') \
          FROM runs r \
@@ -348,14 +337,12 @@ pub async fn hop_rows(
     Ok(traces
         .into_iter()
         .filter_map(|(tag, trace)| {
-            let (_, enqueued, started, finished, user_entry, assistant_entry) =
-                by_key.get(&tag)?.clone();
+            let (_, enqueued, started, finished, assistant_entry) = by_key.get(&tag)?.clone();
             Some(HopRow {
                 trace,
                 enqueued,
                 started,
                 finished,
-                user_entry,
                 assistant_entry,
             })
         })

@@ -64,37 +64,33 @@ fn diff(later: Option<f64>, earlier: Option<f64>) -> Option<f64> {
     Some((later? - earlier?) / 1000.0)
 }
 
-/// The hops of one run, in path order: (name, what it covers, duration in ms).
-pub const HOPS: [(&str, &str, HopFn); 12] = [
+/// The hops of one run, in path order: (name, what it covers, duration in ms). Database times
+/// are `now()` (a transaction's start) or `clock_timestamp()` (run start and finish).
+pub const HOPS: [(&str, &str, HopFn); 11] = [
     (
         "publish → RunCommand on RUNS",
-        "INBOUND store, router pull, ResolveSession (gRPC + SQL), RUNS publish + ack",
+        "INBOUND store, router pull, session (cached per lane, else ResolveSession), RUNS publish + ack",
         |r| diff(r.trace.run_command_seen, Some(r.trace.sent)),
     ),
     (
         "RunCommand → inbox row",
-        "runner pull, decode, Enqueue gRPC up to the INSERT",
+        "runner pull, decode, Enqueue gRPC into `agentloop_enqueue` (its transaction's start)",
         |r| diff(r.enqueued, r.trace.run_command_seen),
     ),
     (
         "inbox row → run started",
-        "Enqueue commit + reply, double ack, ClaimSession, owner spawn, TakeNext",
+        "same function: lock the session, insert the input, claim, take (runs row)",
         |r| diff(r.started, r.enqueued),
     ),
     (
         "run started → lifecycle start",
-        "TakeNext return, decode, start event",
+        "history window (only entries the runner lacks), commit (no WAL wait), gRPC reply, owner start, start event",
         |r| diff(r.trace.start_ev, r.started),
     ),
     (
         "lifecycle start → first delta",
-        "GetHistory ‖ AppendEntries(user), model HTTP call to first chunk",
+        "context, model HTTP call to the first chunk",
         |r| diff(r.trace.first_delta_ev, r.trace.start_ev),
-    ),
-    (
-        "  (of which: start → user entry row)",
-        "AppendEntries(user) reaching Postgres",
-        |r| diff(r.user_entry, r.trace.start_ev),
     ),
     (
         "first delta → last delta",
@@ -102,14 +98,9 @@ pub const HOPS: [(&str, &str, HopFn); 12] = [
         |r| diff(r.trace.last_delta_ev, r.trace.first_delta_ev),
     ),
     (
-        "last delta → assistant entry row",
-        "end of stream, AppendEntries(assistant) reaching Postgres",
-        |r| diff(r.assistant_entry, r.trace.last_delta_ev),
-    ),
-    (
-        "assistant entry row → OutboundMessage",
-        "AppendEntries commit + reply",
-        |r| diff(r.trace.outbound_ts, r.assistant_entry),
+        "last delta → OutboundMessage",
+        "end of stream, the reply built",
+        |r| diff(r.trace.outbound_ts, r.trace.last_delta_ev),
     ),
     (
         "OutboundMessage → delivered",
@@ -117,13 +108,18 @@ pub const HOPS: [(&str, &str, HopFn); 12] = [
         |r| diff(Some(r.trace.delivered), r.trace.outbound_ts),
     ),
     (
-        "  (off path: OutboundMessage → run finished)",
-        "reply publish ack wait, FinishRun reaching Postgres",
-        |r| diff(r.finished, r.trace.outbound_ts),
+        "  (off path: OutboundMessage → FinishRun in Postgres)",
+        "reply publish ack wait, FinishRun gRPC (transcript rows' time)",
+        |r| diff(r.assistant_entry, r.trace.outbound_ts),
+    ),
+    (
+        "  (off path: FinishRun → run finished)",
+        "the function: lock, transcript rows, run, input consumed",
+        |r| diff(r.finished, r.assistant_entry),
     ),
     (
         "  (off path: run finished → lifecycle end)",
-        "FinishRun commit + reply, end event",
+        "commit (no WAL wait) + reply, end event",
         |r| diff(r.trace.end_ev, r.finished),
     ),
 ];
@@ -313,7 +309,7 @@ impl Report {
              - Hop profile: wall-clock timestamps on one host: the bench's publish and receive times, the \
              RunCommand seen on `agentloop.run.>`, SystemEvent `ts`, `OutboundMessage.ts`, and \
              `session_inbox.enqueued_at`, `runs.started_at/finished_at`, `transcript_entries.created_at` \
-             (Postgres `now()`: the statement's start).\n\
+             (Postgres `now()`: the transaction's start; run start and finish use `clock_timestamp()`).\n\
              - Gateway protocols: the bench's client talks to the gateway on loopback (no token). WebSocket: \
              one connection per session, `connect` first (not timed), then each `agent` request timed to the \
              first `agent` event with `stream: assistant, phase: delta` and to the second `res` (status `ok`, \
