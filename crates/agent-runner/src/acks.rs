@@ -1,8 +1,8 @@
-//! Acknowledges run commands once their inbox rows are on disk. Enqueue commits without waiting
-//! for the disk, so the reply path never waits for it; one Flush then covers every command
-//! enqueued before it and reports which rows it found, and only those commands are acked. A
-//! command whose row was lost (the database crashed first) or whose flush failed stays
-//! unacknowledged: JetStream delivers it again and the inbox absorbs any repeat.
+//! Acknowledges run commands once their inbox rows are on disk. A Postgres run with
+//! `synchronous_commit = off` confirms commits before they are written, so one Flush covers
+//! every command enqueued before it and reports which rows it found, and only those commands
+//! are acked. A command whose row was lost (the database crashed first) or whose flush failed
+//! stays unacknowledged: JetStream delivers it again and the inbox absorbs any repeat.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -73,8 +73,12 @@ async fn flush_and_ack(memory: &Memory, batch: &mut Vec<(jetstream::Message, Inb
         async move { memory.flush(request).await }
     })
     .await;
-    let durable: HashSet<i64> = match flushed {
-        Ok(response) => response.durable_seqs.into_iter().collect(),
+    let durable: HashSet<(i64, String)> = match flushed {
+        Ok(response) => response
+            .durable
+            .into_iter()
+            .map(|row| (row.seq, row.idempotency_key))
+            .collect(),
         Err(err) => {
             tracing::warn!(
                 error = %err,
@@ -86,7 +90,7 @@ async fn flush_and_ack(memory: &Memory, batch: &mut Vec<(jetstream::Message, Inb
         }
     };
     for (msg, row) in batch.drain(..) {
-        if !durable.contains(&row.seq) {
+        if !durable.contains(&(row.seq, row.idempotency_key)) {
             tracing::warn!(
                 seq = row.seq,
                 subject = %msg.subject,

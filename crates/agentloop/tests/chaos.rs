@@ -320,7 +320,27 @@ async fn assert_tables(db: &sqlx::PgPool, expected_runs: usize) -> Vec<(String, 
     .fetch_all(db)
     .await
     .unwrap();
-    assert_eq!(runs.len(), expected_runs, "one run per accepted message");
+    if runs.len() != expected_runs {
+        // Which inputs have no run, and what the inbox says about them.
+        let orphans: Vec<(String, String, i64, bool)> = sqlx::query_as(
+            "SELECT s.key, i.idempotency_key, i.seq, i.consumed_at IS NOT NULL \
+             FROM session_inbox i JOIN sessions s ON s.id = i.session_id \
+             WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.inbox_seq = i.seq) \
+             ORDER BY i.seq",
+        )
+        .fetch_all(db)
+        .await
+        .unwrap_or_default();
+        let inbox: i64 = sqlx::query_scalar("SELECT count(*) FROM session_inbox")
+            .fetch_one(db)
+            .await
+            .unwrap_or(-1);
+        panic!(
+            "one run per accepted message: {} runs, {expected_runs} expected; {inbox} inbox rows; \
+             inputs without a run (session, key, seq, consumed): {orphans:?}",
+            runs.len()
+        );
+    }
     let mut last_end: HashMap<&str, f64> = HashMap::new();
     for (id, session, started, finished, status, _, _) in &runs {
         assert_eq!(status, "completed", "run {id}");

@@ -241,8 +241,16 @@ impl SessionApi {
             .into_iter()
             .map(|row| (row.seq, row.idempotency_key))
             .collect();
-        let durable_seqs = self.store()?.flush(&rows).await?;
-        Ok(pb::FlushResponse { durable_seqs })
+        let durable = self.store()?.flush(&rows).await?;
+        Ok(pb::FlushResponse {
+            durable: durable
+                .into_iter()
+                .map(|(seq, idempotency_key)| pb::InboxRow {
+                    seq,
+                    idempotency_key,
+                })
+                .collect(),
+        })
     }
 
     async fn claim_session(

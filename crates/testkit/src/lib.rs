@@ -23,8 +23,21 @@ use tokio_util::sync::CancellationToken;
 /// # Errors
 /// When no port can be bound.
 pub fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    // The port is free now but not held: the kernel may offer it again before the process it
+    // is meant for binds it. Never hand out one port twice in a test process.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    for _ in 0..64 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free port that was not handed out already")
 }
 
 /// Returns the nats-server binary: `$NATS_SERVER_BIN`, else the repo's `.venv`, else `PATH`.

@@ -37,21 +37,23 @@ impl Store {
         Self { pool }
     }
 
-    /// Makes every write committed before the call durable (the run path commits without
-    /// waiting for the disk) and returns the seqs of the given inbox rows (seq, idempotency
+    /// Makes every write committed before the call durable (a server may run with
+    /// `synchronous_commit = off`) and returns those of the given inbox rows (seq, idempotency
     /// key) that exist, and so are on disk now.
     ///
     /// # Errors
     /// A database error.
-    pub async fn flush(&self, rows: &[(i64, String)]) -> Result<Vec<i64>, MemoryError> {
+    pub async fn flush(&self, rows: &[(i64, String)]) -> Result<Vec<(i64, String)>, MemoryError> {
         let (seqs, keys): (Vec<i64>, Vec<&str>) =
             rows.iter().map(|(seq, key)| (*seq, key.as_str())).unzip();
-        sqlx::query_scalar::<_, Vec<i64>>("SELECT agentloop_flush($1, $2)")
-            .bind(seqs)
-            .bind(keys)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|err| error::translate(err, Uuid::nil()))
+        sqlx::query_as::<_, (i64, String)>(
+            "SELECT seq, idempotency_key FROM agentloop_flush($1, $2)",
+        )
+        .bind(seqs)
+        .bind(keys)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|err| error::translate(err, Uuid::nil()))
     }
 
     /// Returns the underlying pool.

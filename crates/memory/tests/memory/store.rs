@@ -165,7 +165,10 @@ async fn flush_confirms_only_inbox_rows_that_exist_with_their_key(pool: PgPool) 
     durable.sort_unstable();
     let nothing = store.flush(&[]).await.unwrap();
 
-    assert_eq!(durable, vec![one.seq, two.seq]);
+    assert_eq!(
+        durable,
+        vec![(one.seq, "k1".to_owned()), (two.seq, "k2".to_owned())]
+    );
     assert!(nothing.is_empty());
 }
 
