@@ -84,7 +84,7 @@ pub const HOPS: [(&str, &str, HopFn); 11] = [
     ),
     (
         "run started → lifecycle start",
-        "history window (only entries the runner lacks), commit (no WAL wait), gRPC reply, owner start, start event",
+        "history window (only entries the runner lacks), commit, gRPC reply, owner start, start event",
         |r| diff(r.trace.start_ev, r.started),
     ),
     (
@@ -119,7 +119,7 @@ pub const HOPS: [(&str, &str, HopFn); 11] = [
     ),
     (
         "  (off path: run finished → lifecycle end)",
-        "commit (no WAL wait) + reply, end event",
+        "commit + reply, end event",
         |r| diff(r.trace.end_ev, r.finished),
     ),
 ];
