@@ -16,8 +16,9 @@ use agentloop_proto::v1::{FlushRequest, InboxRow};
 
 use crate::memory::{Memory, with_retry};
 
-/// How long the first command of a batch waits for others before the flush.
-const GATHER: Duration = Duration::from_millis(10);
+/// How long the first command of a batch waits for others before the flush: at most 20 flushes
+/// a second, and nobody waits for an ack.
+const GATHER: Duration = Duration::from_millis(50);
 
 /// Where intake hands a command over once its enqueue has returned, with its inbox row.
 pub(crate) type AckSender = mpsc::UnboundedSender<(jetstream::Message, InboxRow)>;
