@@ -15,6 +15,12 @@ ALTER TABLE transcript_entries DROP CONSTRAINT IF EXISTS transcript_entries_sess
 ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_session_id_fkey;
 ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_inbox_seq_fkey;
 
+-- Every read of the transcript is by session, so (session_id, seq) is the key; an index on seq
+-- alone only cost each entry one more insertion.
+ALTER TABLE transcript_entries DROP CONSTRAINT transcript_entries_pkey;
+DROP INDEX transcript_entries_session_seq;
+ALTER TABLE transcript_entries ADD PRIMARY KEY (session_id, seq);
+
 -- A run's id derives from its input (agentloop_run_id), so the gateway finds a request's run by
 -- id; these indexes only cost every run two more insertions.
 DROP INDEX IF EXISTS runs_session;
