@@ -519,10 +519,9 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// The interpreter of tests/python/.venv (made by tests/python/setup.sh), or `None` outside CI
-/// when it was never set up (the test then says so and passes; in CI it must exist).
+/// The interpreter of tests/python/.venv, made by tests/python/setup.sh. ./scripts/test.sh (and
+/// so .ci/run) installs it; when it is missing the test fails and says how to make it.
 fn python() -> PathBuf {
-    // ./scripts/test.sh (and so .ci/run) installs it; a missing one is a failure, not a skip.
     let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/.venv/bin/python");
     assert!(
         python.exists(),

@@ -211,18 +211,8 @@ impl SessionApi {
                 }),
             )
             .await?;
-        let taken = taken.map(|(taken, (history_is_delta, history))| match taken {
-            Some(taken) => pb::TakeNextResponse {
-                item: Some(pb::InboxItem {
-                    seq: taken.item.seq,
-                    idempotency_key: taken.item.idempotency_key,
-                    kind: taken.item.kind,
-                    payload: taken.item.payload,
-                }),
-                run: Some(run_message(taken.run)),
-                history: history.into_iter().map(entry_message).collect(),
-                history_is_delta,
-            },
+        let taken = taken.map(|(taken, history)| match taken {
+            Some(taken) => take_response(taken, history),
             None => pb::TakeNextResponse::default(),
         });
         Ok(pb::EnqueueResponse {
@@ -301,7 +291,7 @@ impl SessionApi {
         else {
             return Ok(pb::TakeNextResponse::default());
         };
-        let (history_is_delta, history) = if req.history_limit > 0 {
+        let history = if req.history_limit > 0 {
             let ask = store::HistoryAsk {
                 limit: req.history_limit,
                 after_seq: req.history_after_seq,
@@ -310,17 +300,7 @@ impl SessionApi {
         } else {
             (false, Vec::new())
         };
-        Ok(pb::TakeNextResponse {
-            history: history.into_iter().map(entry_message).collect(),
-            history_is_delta,
-            item: Some(pb::InboxItem {
-                seq: taken.item.seq,
-                idempotency_key: taken.item.idempotency_key,
-                kind: taken.item.kind,
-                payload: taken.item.payload,
-            }),
-            run: Some(run_message(taken.run)),
-        })
+        Ok(take_response(taken, history))
     }
 
     async fn finish_run(
@@ -631,6 +611,24 @@ fn parse_ttl(ttl_ms: u32) -> Result<Duration, MemoryError> {
 fn parse_tokens(field: &str, tokens: u64) -> Result<i64, MemoryError> {
     i64::try_from(tokens)
         .map_err(|_| MemoryError::InvalidArgument(format!("{field} {tokens} is out of range")))
+}
+
+/// A taken input with its run and history (`(is a delta, entries)`) on the wire.
+fn take_response(
+    taken: store::Taken,
+    (history_is_delta, history): (bool, Vec<store::Entry>),
+) -> pb::TakeNextResponse {
+    pb::TakeNextResponse {
+        item: Some(pb::InboxItem {
+            seq: taken.item.seq,
+            idempotency_key: taken.item.idempotency_key,
+            kind: taken.item.kind,
+            payload: taken.item.payload,
+        }),
+        run: Some(run_message(taken.run)),
+        history: history.into_iter().map(entry_message).collect(),
+        history_is_delta,
+    }
 }
 
 fn run_message(run: store::Run) -> pb::Run {

@@ -51,24 +51,18 @@ pub(crate) struct TakeRow {
     finished_at: Option<DateTime<Utc>>,
 }
 
-/// The row `agentloop_enqueue` returns.
+/// The row `agentloop_enqueue` returns: the enqueue, the claim, the take (as
+/// `agentloop_take` returns it) and the history window.
 #[derive(sqlx::FromRow)]
 pub(crate) struct EnqueueRow {
     session_found: bool,
     inserted: Option<bool>,
-    seq: Option<i64>,
+    enqueued_seq: Option<i64>,
     pub(crate) claimed: Option<bool>,
     pub(crate) epoch: Option<i64>,
     pub(crate) owner: Option<String>,
-    taken_seq: Option<i64>,
-    taken_key: Option<String>,
-    taken_kind: Option<String>,
-    taken_payload: Option<Vec<u8>>,
-    run_id: Option<Uuid>,
-    run_status: Option<String>,
-    run_attempts: Option<i32>,
-    run_started_at: Option<DateTime<Utc>>,
-    run_finished_at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    take: TakeRow,
     #[sqlx(flatten)]
     history: HistoryWindow,
 }
@@ -169,37 +163,16 @@ impl EnqueueRow {
     pub(crate) fn enqueued(&self) -> Enqueued {
         Enqueued {
             inserted: self.inserted.unwrap_or(false),
-            seq: self.seq.unwrap_or_default(),
+            seq: self.enqueued_seq.unwrap_or_default(),
         }
     }
 
-    /// The input taken along and its run, when there was one.
-    pub(crate) fn taken(&mut self, session_id: Uuid) -> Option<Taken> {
-        let (Some(seq), Some(run_id)) = (self.taken_seq, self.run_id) else {
-            return None;
-        };
-        Some(Taken {
-            item: InboxItem {
-                seq,
-                idempotency_key: self.taken_key.take().unwrap_or_default(),
-                kind: self.taken_kind.take().unwrap_or_default(),
-                payload: self.taken_payload.take().unwrap_or_default(),
-            },
-            run: Run {
-                id: run_id,
-                session_id,
-                inbox_seq: seq,
-                status: self.run_status.take().unwrap_or_default(),
-                attempts: self.run_attempts.unwrap_or(1),
-                started_at: self.run_started_at.unwrap_or_else(Utc::now),
-                finished_at: self.run_finished_at,
-            },
-        })
-    }
-
-    /// The history read along: whether it is a delta, and its entries oldest first.
-    pub(crate) fn history(&mut self) -> (bool, Vec<super::Entry>) {
-        std::mem::take(&mut self.history).into_entries()
+    /// The input taken along with its run (when there was one), and the history read along.
+    pub(crate) fn taken(self, session_id: Uuid) -> (Option<Taken>, (bool, Vec<super::Entry>)) {
+        (
+            taken_from(self.take, session_id),
+            self.history.into_entries(),
+        )
     }
 }
 

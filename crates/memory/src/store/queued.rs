@@ -82,7 +82,7 @@ impl Store {
             ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
             take_with_history,
         };
-        let mut row = super::inbox::enqueue_call(
+        let row = super::inbox::enqueue_call(
             &self.pool,
             session_id,
             idempotency_key,
@@ -91,23 +91,14 @@ impl Store {
             Some(claim),
         )
         .await?;
-        let claimed = row.claimed.unwrap_or(false);
-        let taken = match take_with_history {
-            Some(_) if claimed => {
-                let taken = row.taken(session_id);
-                Some((taken, row.history()))
-            }
-            _ => None,
+        let enqueued = row.enqueued();
+        let claim = super::Claim {
+            claimed: row.claimed.unwrap_or(false),
+            epoch: row.epoch.unwrap_or_default(),
+            owner: row.owner.clone(),
         };
-        Ok((
-            row.enqueued(),
-            super::Claim {
-                claimed,
-                epoch: row.epoch.unwrap_or_default(),
-                owner: row.owner.take(),
-            },
-            taken,
-        ))
+        let taken = (take_with_history.is_some() && claim.claimed).then(|| row.taken(session_id));
+        Ok((enqueued, claim, taken))
     }
 }
 

@@ -14,19 +14,6 @@ pub(crate) struct Appended {
     pub(crate) appended: i64,
 }
 
-/// Reads the newest `limit` entries, oldest first, on any executor.
-pub(crate) async fn history_on<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
-    session_id: Uuid,
-    limit: u32,
-) -> Result<Vec<Entry>, sqlx::Error> {
-    sqlx::query_as::<_, Entry>(include_str!("queries/get_history.sql"))
-        .bind(session_id)
-        .bind(i64::from(limit))
-        .fetch_all(executor)
-        .await
-}
-
 /// Binds entries as the seven parallel arrays the run-path functions unnest, in request order.
 pub(crate) fn bind_entries<'q, O>(
     query: QueryAs<'q, Postgres, O, PgArguments>,
@@ -67,9 +54,11 @@ impl Store {
         session_id: Uuid,
         limit: u32,
     ) -> Result<Vec<Entry>, MemoryError> {
-        history_on(&self.pool, session_id, limit)
-            .await
-            .map_err(|err| translate(err, session_id))
+        let ask = super::HistoryAsk {
+            limit,
+            after_seq: 0,
+        };
+        Ok(self.history_window(session_id, ask).await?.1)
     }
 
     /// Returns the newest `ask.limit` entries, oldest first, or only those after
