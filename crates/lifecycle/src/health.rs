@@ -27,7 +27,7 @@ impl Readiness {
 }
 
 /// A monotonically increasing counter.
-#[derive(Clone)]
+#[derive(Clone, Debug, Default)]
 pub struct Counter(Arc<AtomicU64>);
 
 impl Counter {

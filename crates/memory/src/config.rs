@@ -30,6 +30,11 @@ pub struct MemorySettings {
     pub max_connections: u32,
     /// Entries returned by `GetHistory` when the request's limit is 0.
     pub history_limit: u32,
+    /// Batches of enqueues, and of run ends, in Postgres at once. Calls that arrive while all
+    /// lanes are busy share the next batch: one round trip and one commit for all of them.
+    pub batch_lanes: usize,
+    /// Most calls in one batch.
+    pub batch_max_calls: usize,
 }
 
 impl Default for MemorySettings {
@@ -41,6 +46,8 @@ impl Default for MemorySettings {
             admin_listen: String::new(),
             max_connections: 0,
             history_limit: 200,
+            batch_lanes: 2,
+            batch_max_calls: 64,
         }
     }
 }

@@ -31,6 +31,10 @@ pub enum MemoryError {
     /// The database is still being connected to at startup.
     #[error("memory is starting: database not ready")]
     Starting,
+    /// The service is shutting down and its batch workers are gone; another replica or a
+    /// retry after the restart will answer.
+    #[error("memory is stopping: the call was not run")]
+    Stopping,
     /// Postgres cannot be reached right now; retrying later may succeed.
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
@@ -61,7 +65,7 @@ impl MemoryError {
     /// Returns whether the error means the database is unreachable (as opposed to a bad request
     /// or a bug), which turns readiness off until a query succeeds again.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Starting)
+        matches!(self, Self::Unavailable(_) | Self::Starting | Self::Stopping)
     }
 }
 

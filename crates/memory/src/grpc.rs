@@ -29,7 +29,7 @@ impl From<MemoryError> for Status {
                 Status::not_found(err.to_string())
             }
             MemoryError::InvalidArgument(_) => Status::invalid_argument(err.to_string()),
-            MemoryError::Starting => Status::unavailable(err.to_string()),
+            MemoryError::Starting | MemoryError::Stopping => Status::unavailable(err.to_string()),
             // The cause (refused, pool timed out, server shutting down) tells an operator
             // reading the caller's logs where to look.
             MemoryError::Unavailable(_) => Status::unavailable(Chain(&err).to_string()),
@@ -100,6 +100,7 @@ impl SessionApi {
                 tracing::debug!(rpc, error = %err, "fenced write refused");
             }
             MemoryError::Starting
+            | MemoryError::Stopping
             | MemoryError::SessionNotFound(_)
             | MemoryError::RunNotFound { .. }
             | MemoryError::InvalidArgument(_) => {

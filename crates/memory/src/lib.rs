@@ -16,8 +16,8 @@ pub use config::{MemoryConfig, MemorySettings};
 pub use error::MemoryError;
 pub use server::Memory;
 pub use store::{
-    Claim, Enqueued, Entry, Finished, HistoryAsk, InboxItem, InboxKind, NewEntry, Run, RunOutcome,
-    RunStatus, Session, Store, Taken,
+    BatchCounters, BatchSettings, Claim, Enqueued, Entry, Finished, HistoryAsk, InboxItem,
+    InboxKind, NewEntry, Run, RunOutcome, RunStatus, Session, Store, Taken,
 };
 
 use agentloop_lifecycle::{AdminServer, Health};

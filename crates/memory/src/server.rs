@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Chain;
 use crate::grpc::SessionApi;
-use crate::store::{Store, error as store_error};
+use crate::store::{BatchCounters, BatchSettings, Store, error as store_error};
 use crate::{MemoryConfig, MemoryError};
 
 /// The schema, embedded at build time from `crates/memory/migrations`.
@@ -113,10 +113,21 @@ impl Memory {
                 served
             }
         };
+        let counters = BatchCounters {
+            batches: health.counter(
+                "agentloop_memory_batches_total",
+                "Batches of enqueues or run ends sent to Postgres (one round trip and commit each).",
+            ),
+            items: health.counter(
+                "agentloop_memory_batched_calls_total",
+                "Enqueue and FinishRun calls carried by those batches.",
+            ),
+        };
         let database = {
             let (slot, readiness, stop) = (slot.clone(), readiness.clone(), stop.clone());
             async move {
-                let supervised = supervise_database(config, slot, readiness, stop.clone()).await;
+                let supervised =
+                    supervise_database(config, counters, slot, readiness, stop.clone()).await;
                 if supervised.is_err() {
                     stop.cancel();
                 }
@@ -137,6 +148,7 @@ impl Memory {
 /// `stop`.
 async fn supervise_database(
     config: MemoryConfig,
+    counters: BatchCounters,
     slot: Arc<OnceLock<Store>>,
     readiness: Readiness,
     stop: CancellationToken,
@@ -156,7 +168,11 @@ async fn supervise_database(
     let Some(()) = prepare_database(&options, &pool, &stop).await? else {
         return Ok(());
     };
-    let store = Store::new(pool);
+    let batching = BatchSettings {
+        lanes: config.memory.batch_lanes,
+        max_items: config.memory.batch_max_calls,
+    };
+    let store = Store::with_batching(pool, batching, &counters);
     let store = slot.get_or_init(|| store);
     readiness.set(true);
     tracing::info!("memory ready: database connected and migrated");

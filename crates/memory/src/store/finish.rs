@@ -17,16 +17,134 @@ pub struct Finished {
 }
 
 #[derive(sqlx::FromRow)]
-struct FinishRow {
+pub(crate) struct FinishRow {
     held: bool,
     found: bool,
     finished: bool,
     released: bool,
 }
 
+#[derive(sqlx::FromRow)]
+struct IndexedFinishRow {
+    idx: i32,
+    #[sqlx(flatten)]
+    row: FinishRow,
+}
+
+/// One `agentloop_finish_run` call, owned so it can wait for a batch.
+pub(crate) struct FinishArgs {
+    session_id: Uuid,
+    epoch: i64,
+    outcome: RunOutcome,
+    entries: Vec<NewEntry>,
+    release: bool,
+}
+
+/// Runs a batch of run ends: one alone as `agentloop_finish_run`, more as one
+/// `agentloop_finish_many` in lock order; when the batch fails, each on its own.
+pub(crate) async fn finish_batch(
+    pool: &sqlx::PgPool,
+    items: Vec<FinishArgs>,
+) -> Vec<Result<FinishRow, MemoryError>> {
+    if items.len() > 1 {
+        let order = super::batch::lock_order(&items, |item| item.session_id);
+        let ordered: Vec<&FinishArgs> = order.iter().map(|&i| &items[i]).collect();
+        let outcome = |f: fn(&RunOutcome) -> Option<&str>| {
+            ordered.iter().map(|a| f(&a.outcome)).collect::<Vec<_>>()
+        };
+        let mut entry_ends = Vec::with_capacity(ordered.len());
+        let mut end = 0_i32;
+        for item in &ordered {
+            end += i32::try_from(item.entries.len()).unwrap_or(i32::MAX);
+            entry_ends.push(end);
+        }
+        let entries: Vec<NewEntry> = ordered
+            .iter()
+            .flat_map(|a| a.entries.iter().cloned())
+            .collect();
+        let query = sqlx::query_as::<_, IndexedFinishRow>(include_str!("queries/finish_many.sql"))
+            .bind(ordered.iter().map(|a| a.session_id).collect::<Vec<_>>())
+            .bind(ordered.iter().map(|a| a.epoch).collect::<Vec<_>>())
+            .bind(ordered.iter().map(|a| a.outcome.run_id).collect::<Vec<_>>())
+            .bind(
+                ordered
+                    .iter()
+                    .map(|a| a.outcome.inbox_seq)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(outcome(|o| Some(o.status.as_str())))
+            .bind(outcome(|o| o.error.as_deref()))
+            .bind(outcome(|o| o.model.as_deref()))
+            .bind(
+                ordered
+                    .iter()
+                    .map(|a| a.outcome.input_tokens)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                ordered
+                    .iter()
+                    .map(|a| a.outcome.output_tokens)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(outcome(|o| o.provider.as_deref()))
+            .bind(outcome(|o| o.profile.as_deref()))
+            .bind(ordered.iter().map(|a| a.release).collect::<Vec<_>>())
+            .bind(entry_ends);
+        let rows = bind_entries(query, &entries).fetch_all(pool).await;
+        match rows {
+            Ok(rows) => {
+                let mut results: Vec<Option<FinishRow>> = items.iter().map(|_| None).collect();
+                for indexed in rows {
+                    let at = usize::try_from(indexed.idx - 1)
+                        .ok()
+                        .and_then(|i| order.get(i));
+                    if let Some(&at) = at {
+                        results[at] = Some(indexed.row);
+                    }
+                }
+                if results.iter().all(Option::is_some) {
+                    return results.into_iter().flatten().map(Ok).collect();
+                }
+                tracing::warn!("finish batch answered out of shape; running its items one by one");
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, items = items.len(), "finish batch failed; running its items one by one");
+            }
+        }
+    }
+    let mut results = Vec::with_capacity(items.len());
+    for item in &items {
+        results.push(finish_one(pool, item).await);
+    }
+    results
+}
+
+async fn finish_one(pool: &sqlx::PgPool, item: &FinishArgs) -> Result<FinishRow, MemoryError> {
+    let outcome = &item.outcome;
+    let query = sqlx::query_as::<_, FinishRow>(include_str!("queries/finish_run.sql"))
+        .bind(item.session_id)
+        .bind(item.epoch)
+        .bind(outcome.run_id)
+        .bind(outcome.inbox_seq)
+        .bind(outcome.status.as_str())
+        .bind(outcome.error.as_deref())
+        .bind(outcome.model.as_deref())
+        .bind(outcome.input_tokens)
+        .bind(outcome.output_tokens)
+        .bind(outcome.provider.as_deref())
+        .bind(outcome.profile.as_deref());
+    bind_entries(query, &item.entries)
+        .bind(item.release)
+        .fetch_one(pool)
+        .await
+        .map_err(|err| translate(err, item.session_id))
+}
+
 impl Store {
     /// Appends `entries`, finishes the run and, when `release_if_idle` and no other input is
-    /// pending, gives the lease back, all fenced by `epoch` in one transaction.
+    /// pending, gives the lease back, all fenced by `epoch` in one transaction (shared with
+    /// other sessions' run ends that arrive at the same time).
     ///
     /// # Errors
     /// [`MemoryError::LeaseLost`], [`MemoryError::RunNotFound`], or a database error.
@@ -38,23 +156,17 @@ impl Store {
         entries: &[NewEntry],
         release_if_idle: bool,
     ) -> Result<Finished, MemoryError> {
-        let query = sqlx::query_as::<_, FinishRow>(include_str!("queries/finish_run.sql"))
-            .bind(session_id)
-            .bind(epoch)
-            .bind(outcome.run_id)
-            .bind(outcome.inbox_seq)
-            .bind(outcome.status.as_str())
-            .bind(outcome.error.as_deref())
-            .bind(outcome.model.as_deref())
-            .bind(outcome.input_tokens)
-            .bind(outcome.output_tokens)
-            .bind(outcome.provider.as_deref())
-            .bind(outcome.profile.as_deref());
-        let row = bind_entries(query, entries)
-            .bind(release_if_idle)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|err| translate(err, session_id))?;
+        let row = self
+            .run_path
+            .finish
+            .call(FinishArgs {
+                session_id,
+                epoch,
+                outcome: outcome.clone(),
+                entries: entries.to_vec(),
+                release: release_if_idle,
+            })
+            .await?;
         if !row.held {
             return Err(self.lease_failure(session_id, epoch).await);
         }

@@ -120,42 +120,146 @@ pub(crate) struct ClaimAlong<'a> {
     pub(crate) take_with_history: Option<super::HistoryAsk>,
 }
 
-/// Calls `agentloop_enqueue`: the insert and, with `claim`, the claim, take and history read,
-/// in one round trip.
+/// One `agentloop_enqueue` call, owned so it can wait for a batch.
+pub(crate) struct EnqueueArgs {
+    session_id: Uuid,
+    key: String,
+    kind: &'static str,
+    payload: Vec<u8>,
+    owner: Option<String>,
+    ttl_ms: Option<i64>,
+    history_limit: Option<i64>,
+    history_after: i64,
+}
+
+/// Calls `agentloop_enqueue` (in the next batch): the insert and, with `claim`, the claim, take
+/// and history read, in one round trip.
 pub(crate) async fn enqueue_call(
-    pool: &sqlx::PgPool,
+    store: &Store,
     session_id: Uuid,
     idempotency_key: &str,
     kind: InboxKind,
     payload: &[u8],
     claim: Option<ClaimAlong<'_>>,
 ) -> Result<EnqueueRow, MemoryError> {
-    let row = sqlx::query_as::<_, EnqueueRow>(include_str!("queries/enqueue.sql"))
-        .bind(session_id)
-        .bind(idempotency_key)
-        .bind(kind.as_str())
-        .bind(payload)
-        .bind(claim.as_ref().map(|c| c.owner))
-        .bind(claim.as_ref().map(|c| c.ttl_ms))
-        .bind(
-            claim
-                .as_ref()
-                .and_then(|c| c.take_with_history)
-                .map(|h| i64::from(h.limit)),
-        )
-        .bind(
-            claim
-                .as_ref()
-                .and_then(|c| c.take_with_history)
-                .map_or(0, |h| h.after_seq),
-        )
-        .fetch_one(pool)
-        .await
-        .map_err(|err| translate(err, session_id))?;
+    let take = claim.as_ref().and_then(|c| c.take_with_history);
+    let args = EnqueueArgs {
+        session_id,
+        key: idempotency_key.to_owned(),
+        kind: kind.as_str(),
+        payload: payload.to_vec(),
+        owner: claim.as_ref().map(|c| c.owner.to_owned()),
+        ttl_ms: claim.as_ref().map(|c| c.ttl_ms),
+        history_limit: take.map(|h| i64::from(h.limit)),
+        history_after: take.map_or(0, |h| h.after_seq),
+    };
+    let row = store.run_path.enqueue.call(args).await?;
     if !row.session_found {
         return Err(MemoryError::SessionNotFound(session_id));
     }
     Ok(row)
+}
+
+#[derive(sqlx::FromRow)]
+struct IndexedEnqueueRow {
+    idx: i32,
+    #[sqlx(flatten)]
+    row: EnqueueRow,
+}
+
+/// Runs a batch of enqueues: one alone as `agentloop_enqueue`, more as one
+/// `agentloop_enqueue_many` in lock order; when the batch fails, each on its own.
+pub(crate) async fn enqueue_batch(
+    pool: &sqlx::PgPool,
+    items: Vec<EnqueueArgs>,
+) -> Vec<Result<EnqueueRow, MemoryError>> {
+    if items.len() > 1 {
+        let order = super::batch::lock_order(&items, |item| item.session_id);
+        let rows = sqlx::query_as::<_, IndexedEnqueueRow>(include_str!("queries/enqueue_many.sql"))
+            .bind(
+                order
+                    .iter()
+                    .map(|&i| items[i].session_id)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                order
+                    .iter()
+                    .map(|&i| items[i].key.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(order.iter().map(|&i| items[i].kind).collect::<Vec<_>>())
+            .bind(
+                order
+                    .iter()
+                    .map(|&i| items[i].payload.as_slice())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                order
+                    .iter()
+                    .map(|&i| items[i].owner.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(order.iter().map(|&i| items[i].ttl_ms).collect::<Vec<_>>())
+            .bind(
+                order
+                    .iter()
+                    .map(|&i| items[i].history_limit)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                order
+                    .iter()
+                    .map(|&i| items[i].history_after)
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(pool)
+            .await;
+        match rows {
+            Ok(rows) if rows.len() == items.len() => {
+                let mut results: Vec<Option<EnqueueRow>> = items.iter().map(|_| None).collect();
+                for indexed in rows {
+                    let at = usize::try_from(indexed.idx - 1)
+                        .ok()
+                        .and_then(|i| order.get(i));
+                    if let Some(&at) = at {
+                        results[at] = Some(indexed.row);
+                    }
+                }
+                if results.iter().all(Option::is_some) {
+                    return results.into_iter().flatten().map(Ok).collect();
+                }
+                tracing::warn!("enqueue batch answered out of shape; running its items one by one");
+            }
+            Ok(_) => {
+                tracing::warn!("enqueue batch answered out of shape; running its items one by one");
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, items = items.len(), "enqueue batch failed; running its items one by one");
+            }
+        }
+    }
+    let mut results = Vec::with_capacity(items.len());
+    for item in &items {
+        results.push(enqueue_one(pool, item).await);
+    }
+    results
+}
+
+async fn enqueue_one(pool: &sqlx::PgPool, item: &EnqueueArgs) -> Result<EnqueueRow, MemoryError> {
+    sqlx::query_as::<_, EnqueueRow>(include_str!("queries/enqueue.sql"))
+        .bind(item.session_id)
+        .bind(item.key.as_str())
+        .bind(item.kind)
+        .bind(item.payload.as_slice())
+        .bind(item.owner.as_deref())
+        .bind(item.ttl_ms)
+        .bind(item.history_limit)
+        .bind(item.history_after)
+        .fetch_one(pool)
+        .await
+        .map_err(|err| translate(err, item.session_id))
 }
 
 impl EnqueueRow {
@@ -189,7 +293,7 @@ impl Store {
         kind: InboxKind,
         payload: &[u8],
     ) -> Result<Enqueued, MemoryError> {
-        enqueue_call(&self.pool, session_id, idempotency_key, kind, payload, None)
+        enqueue_call(self, session_id, idempotency_key, kind, payload, None)
             .await
             .map(|row| row.enqueued())
     }

@@ -2,17 +2,20 @@
 //! round trip) so the hot path stays cheap. Every write of a run is fenced by the lease epoch
 //! inside the statement that performs it.
 
+mod batch;
 pub(crate) mod cooldowns;
 pub(crate) mod error;
 mod finish;
 mod gateway;
 mod inbox;
 mod queued;
+pub use batch::{BatchCounters, BatchSettings};
 pub use finish::Finished;
 mod sessions;
 mod transcript;
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -29,12 +32,49 @@ pub use sessions::Claim;
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
+    run_path: Arc<RunPath>,
+}
+
+/// The batched calls of the run path.
+#[derive(Debug)]
+struct RunPath {
+    enqueue: batch::Batcher<inbox::EnqueueArgs, inbox::EnqueueRow>,
+    finish: batch::Batcher<finish::FinishArgs, finish::FinishRow>,
 }
 
 impl Store {
-    /// Returns a store over an already migrated pool.
+    /// Returns a store over an already migrated pool, batching with the default settings.
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self::with_batching(pool, BatchSettings::default(), &BatchCounters::default())
+    }
+
+    /// Returns a store over an already migrated pool whose enqueues and run ends are gathered
+    /// into batches as `settings` say, counted in `counters`.
+    pub fn with_batching(pool: PgPool, settings: BatchSettings, counters: &BatchCounters) -> Self {
+        let enqueue_pool = pool.clone();
+        let finish_pool = pool.clone();
+        let run_path = RunPath {
+            enqueue: batch::Batcher::new(
+                settings,
+                counters.clone(),
+                Arc::new(move |items| {
+                    let pool = enqueue_pool.clone();
+                    Box::pin(async move { inbox::enqueue_batch(&pool, items).await })
+                }),
+            ),
+            finish: batch::Batcher::new(
+                settings,
+                counters.clone(),
+                Arc::new(move |items| {
+                    let pool = finish_pool.clone();
+                    Box::pin(async move { finish::finish_batch(&pool, items).await })
+                }),
+            ),
+        };
+        Self {
+            pool,
+            run_path: Arc::new(run_path),
+        }
     }
 
     /// Makes every write committed before the call durable (a server may run with

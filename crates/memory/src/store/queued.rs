@@ -83,7 +83,7 @@ impl Store {
             take_with_history,
         };
         let row = super::inbox::enqueue_call(
-            &self.pool,
+            self,
             session_id,
             idempotency_key,
             kind,

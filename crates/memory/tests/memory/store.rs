@@ -582,3 +582,172 @@ async fn fenced_writes_to_an_unknown_session_are_not_found(pool: PgPool) {
         "{claim:?}"
     );
 }
+
+/// Starts every call at once and returns their answers in call order.
+async fn all<T: Send + 'static>(
+    calls: impl IntoIterator<Item = impl std::future::Future<Output = T> + Send + 'static>,
+) -> Vec<T> {
+    let tasks: Vec<_> = calls.into_iter().map(tokio::spawn).collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("call task"));
+    }
+    answers
+}
+
+/// A store whose run path has one lane, so calls made together queue behind the first one and
+/// share a batch.
+fn one_lane_store(pool: PgPool) -> (Store, agentloop_memory::BatchCounters) {
+    let counters = agentloop_memory::BatchCounters::default();
+    let settings = agentloop_memory::BatchSettings {
+        lanes: 1,
+        max_items: 64,
+    };
+    (Store::with_batching(pool, settings, &counters), counters)
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn enqueues_and_run_ends_of_many_sessions_share_batches_and_each_gets_its_own_answer(
+    pool: PgPool,
+) {
+    let (store, counters) = one_lane_store(pool.clone());
+    let mut sessions = Vec::new();
+    for i in 0..16 {
+        let session = store
+            .resolve_session(&format!("batch-{i}"), "main", None)
+            .await
+            .unwrap();
+        sessions.push(session.id);
+    }
+    let before = (counters.batches.get(), counters.items.get());
+
+    // Each session enqueues, claims and takes its input.
+    let enqueues = sessions.iter().enumerate().map(|(i, &id)| {
+        let store = store.clone();
+        async move {
+            store
+                .enqueue_claim_take(
+                    id,
+                    &format!("key-{i}"),
+                    InboxKind::User,
+                    format!("payload-{i}").as_bytes(),
+                    "runner-a",
+                    LONG_TTL,
+                    Some(HistoryAsk {
+                        limit: 10,
+                        after_seq: 0,
+                    }),
+                )
+                .await
+        }
+    });
+    let answers = all(enqueues).await;
+    let mut taken = Vec::new();
+    for (i, answer) in answers.into_iter().enumerate() {
+        let (enqueued, claim, took) = answer.unwrap();
+        assert!(enqueued.inserted, "session {i}");
+        assert!(claim.claimed, "session {i}: its lease was free");
+        let (took, _history) = took.expect("asked to take");
+        let took = took.expect("its own input was pending");
+        assert_eq!(took.item.idempotency_key, format!("key-{i}"), "session {i}");
+        assert_eq!(took.item.payload, format!("payload-{i}").into_bytes());
+        assert_eq!(took.item.seq, enqueued.seq);
+        taken.push((sessions[i], claim.epoch, took));
+    }
+    // A second input for session 0 arrives while its run is on.
+    let second = store
+        .enqueue(sessions[0], "key-0-second", InboxKind::User, b"second")
+        .await
+        .unwrap();
+    assert!(second.inserted);
+
+    // All runs end together; every one but session 0's gives its lease back.
+    let finishes = taken.iter().enumerate().map(|(i, (id, epoch, took))| {
+        let (store, id, epoch) = (store.clone(), *id, *epoch);
+        let run = outcome(took.run.id, took.item.seq, 1);
+        let entries = vec![
+            entry(&format!("u-{i}"), &format!("question {i}")),
+            entry(&format!("a-{i}"), &format!("answer {i}")),
+        ];
+        async move {
+            store
+                .finish_run_and_release(id, epoch, &run, &entries, true)
+                .await
+        }
+    });
+    let finished = all(finishes).await;
+    for (i, finished) in finished.into_iter().enumerate() {
+        let finished = finished.unwrap();
+        assert!(finished.finished, "session {i}");
+        assert_eq!(
+            finished.released,
+            i != 0,
+            "session {i}: released unless input is pending"
+        );
+    }
+    let after = (counters.batches.get(), counters.items.get());
+    let (batches, calls) = (after.0 - before.0, after.1 - before.1);
+    assert_eq!(calls, 33, "16 enqueues, a second one and 16 run ends");
+    assert!(
+        batches < calls,
+        "calls made together shared batches ({calls} calls in {batches} batches)"
+    );
+    for (i, &id) in sessions.iter().enumerate() {
+        let history = store.get_history(id, 10).await.unwrap();
+        let contents: Vec<&str> = history.iter().map(|e| e.content.as_str()).collect();
+        assert_eq!(
+            contents,
+            [format!("question {i}"), format!("answer {i}")],
+            "session {i}"
+        );
+    }
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_call_postgres_rejects_fails_alone_and_the_rest_of_its_batch_stands(pool: PgPool) {
+    let (store, counters) = one_lane_store(pool.clone());
+    let mut sessions = Vec::new();
+    for i in 0..8 {
+        let session = store
+            .resolve_session(&format!("bad-batch-{i}"), "main", None)
+            .await
+            .unwrap();
+        sessions.push(session.id);
+    }
+    let before = (counters.batches.get(), counters.items.get());
+    // Postgres text cannot hold a NUL byte: that key fails its statement.
+    let keys: Vec<String> = (0..8)
+        .map(|i| {
+            if i == 5 {
+                "bad\0key".to_owned()
+            } else {
+                format!("key-{i}")
+            }
+        })
+        .collect();
+    let enqueues = sessions.iter().zip(&keys).map(|(&id, key)| {
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.enqueue(id, &key, InboxKind::User, b"x").await }
+    });
+    let answers = all(enqueues).await;
+    let after = (counters.batches.get(), counters.items.get());
+    assert!(
+        after.0 - before.0 < after.1 - before.1,
+        "the calls shared a batch"
+    );
+    for (i, answer) in answers.iter().enumerate() {
+        if i == 5 {
+            assert!(answer.is_err(), "the NUL key is refused: {answer:?}");
+        } else {
+            assert!(
+                answer.as_ref().is_ok_and(|e| e.inserted),
+                "session {i}: {answer:?}"
+            );
+        }
+    }
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM session_inbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 7, "every input but the refused one is stored, once");
+}

@@ -1,0 +1,215 @@
+//! Group commit for the run path: calls that arrive while an earlier batch is in Postgres wait
+//! for the next one, and a batch is one round trip and one commit however many runs it carries.
+//! A call that finds a lane idle goes at once, so a quiet system pays no extra latency.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+
+use agentloop_lifecycle::Counter;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::MemoryError;
+
+/// How calls are gathered into batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// Batches of one kind in Postgres at once. Fewer lanes make larger batches under load.
+    pub lanes: usize,
+    /// Most calls in one batch.
+    pub max_items: usize,
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        Self {
+            lanes: 2,
+            max_items: 64,
+        }
+    }
+}
+
+/// Counts batches and the calls they carried (their ratio is the mean batch size).
+#[derive(Clone, Debug, Default)]
+pub struct BatchCounters {
+    /// Batches sent to Postgres.
+    pub batches: Counter,
+    /// Calls carried by those batches.
+    pub items: Counter,
+}
+
+type Reply<O> = oneshot::Sender<Result<O, MemoryError>>;
+type Execute<I, O> = Arc<
+    dyn Fn(Vec<I>) -> Pin<Box<dyn Future<Output = Vec<Result<O, MemoryError>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Gathers calls of one kind into batches executed by `execute`, which returns one result per
+/// item, in item order.
+pub(crate) struct Batcher<I, O> {
+    settings: BatchSettings,
+    counters: BatchCounters,
+    execute: Execute<I, O>,
+    // Started on the first call, so a store can be built outside a Tokio runtime.
+    queue: OnceLock<mpsc::UnboundedSender<(I, Reply<O>)>>,
+}
+
+impl<I, O> std::fmt::Debug for Batcher<I, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
+    /// Returns a batcher; its lanes start with the first call.
+    pub(crate) fn new(
+        settings: BatchSettings,
+        counters: BatchCounters,
+        execute: Execute<I, O>,
+    ) -> Self {
+        Self {
+            settings,
+            counters,
+            execute,
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Runs `item` in the next batch and returns its result.
+    pub(crate) async fn call(&self, item: I) -> Result<O, MemoryError> {
+        let (reply, answer) = oneshot::channel();
+        let queue = self.queue.get_or_init(|| self.start());
+        if queue.send((item, reply)).is_err() {
+            return Err(MemoryError::Stopping);
+        }
+        answer.await.unwrap_or(Err(MemoryError::Stopping))
+    }
+
+    fn start(&self) -> mpsc::UnboundedSender<(I, Reply<O>)> {
+        let (queue, incoming) = mpsc::unbounded_channel::<(I, Reply<O>)>();
+        let incoming = Arc::new(Mutex::new(incoming));
+        for _ in 0..self.settings.lanes.max(1) {
+            let incoming = incoming.clone();
+            let execute = self.execute.clone();
+            let counters = self.counters.clone();
+            let max_items = self.settings.max_items.max(1);
+            tokio::spawn(async move {
+                loop {
+                    let mut batch = Vec::new();
+                    {
+                        // One lane at a time waits for work; the others are in Postgres.
+                        let mut incoming = incoming.lock().await;
+                        let Some(first) = incoming.recv().await else {
+                            return;
+                        };
+                        batch.push(first);
+                        while batch.len() < max_items {
+                            match incoming.try_recv() {
+                                Ok(next) => batch.push(next),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    counters.batches.inc();
+                    for _ in 0..batch.len() {
+                        counters.items.inc();
+                    }
+                    let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
+                    let results = execute(items).await;
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        // The caller may have gone (its request was cancelled); the work stands.
+                        let _ = reply.send(result);
+                    }
+                }
+            });
+        }
+        queue
+    }
+}
+
+/// Orders batch positions by session so that concurrent batches take session locks in the same
+/// order; a session's own items keep their arrival order.
+pub(crate) fn lock_order<T>(items: &[T], session: impl Fn(&T) -> uuid::Uuid) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| session(&items[i]));
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_order_sorts_by_session_and_keeps_each_sessions_arrival_order() {
+        let a = uuid::Uuid::from_u128(1);
+        let b = uuid::Uuid::from_u128(2);
+        let items = [(b, 0), (a, 1), (b, 2), (a, 3)];
+        assert_eq!(lock_order(&items, |item| item.0), vec![1, 3, 0, 2]);
+    }
+
+    #[tokio::test]
+    async fn calls_arriving_while_a_batch_runs_share_the_next_one() {
+        let (entered_tx, mut entered) = mpsc::unbounded_channel::<usize>();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let execute: Execute<u32, u32> = {
+            let gate = gate.clone();
+            Arc::new(move |items: Vec<u32>| {
+                let gate = gate.clone();
+                let entered = entered_tx.clone();
+                Box::pin(async move {
+                    let _ = entered.send(items.len());
+                    let _ = gate.acquire().await.map(|permit| permit.forget());
+                    items.into_iter().map(|i| Ok(i * 10)).collect()
+                })
+            })
+        };
+        let counters = BatchCounters::default();
+        let batcher = Arc::new(Batcher::new(
+            BatchSettings {
+                lanes: 1,
+                max_items: 64,
+            },
+            counters.clone(),
+            execute,
+        ));
+        let first = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call(1).await }
+        });
+        assert_eq!(
+            entered.recv().await,
+            Some(1),
+            "the first call goes alone, at once"
+        );
+        let rest: Vec<_> = (2..=4)
+            .map(|i| {
+                let batcher = batcher.clone();
+                tokio::spawn(async move { batcher.call(i).await })
+            })
+            .collect();
+        // Let the three calls reach the queue while the lane is held in the first batch.
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(2);
+        assert_eq!(first.await.unwrap().unwrap(), 10);
+        assert_eq!(
+            entered.recv().await,
+            Some(3),
+            "the three waiting calls form one batch"
+        );
+        let mut answers = Vec::new();
+        for call in rest {
+            answers.push(call.await.unwrap().unwrap());
+        }
+        assert_eq!(
+            answers,
+            vec![20, 30, 40],
+            "each call gets its own item's result"
+        );
+        assert_eq!((counters.batches.get(), counters.items.get()), (2, 4));
+    }
+}
