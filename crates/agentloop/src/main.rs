@@ -6,6 +6,11 @@ mod send;
 
 use anyhow::{Context as _, bail};
 
+// Under load glibc's malloc and free took about a quarter of the services' CPU (perf during
+// `bench.sh --soak`): small, short-lived allocations on many threads are mimalloc's case.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const USAGE: &str = "usage: agentloop <gateway|router|runner|memory|delivery|all> [--config PATH]
        agentloop send SESSION TEXT [--url URL] [--token TOKEN]   (prints the final reply)
        agentloop chat SESSION [--url URL] [--token TOKEN]        (interactive, streams replies)
