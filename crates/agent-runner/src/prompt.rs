@@ -101,10 +101,9 @@ pub(crate) fn conversation(entries: &[Entry], open_run: &str) -> Vec<ChatMessage
         .and_then(|s| serde_json::from_str::<serde_json::Value>(&s.data).ok())
         .and_then(|d| d["throughSeq"].as_i64())
         .unwrap_or(i64::MIN);
-    let kept: Vec<Entry> = entries
+    let kept: Vec<&Entry> = entries
         .iter()
         .filter(|e| e.role != "summary" && (summary.is_none() || e.seq > through))
-        .cloned()
         .collect();
     let mut messages = Vec::with_capacity(kept.len() + 1);
     if let Some(summary) = summary {
@@ -114,14 +113,14 @@ pub(crate) fn conversation(entries: &[Entry], open_run: &str) -> Vec<ChatMessage
     messages
 }
 
-fn conversation_of(entries: &[Entry], open_run: &str) -> Vec<ChatMessage> {
+fn conversation_of(entries: &[&Entry], open_run: &str) -> Vec<ChatMessage> {
     let answered: HashSet<&str> = entries
         .iter()
         .filter(|e| e.role == "tool")
         .map(|e| e.tool_call_id.as_str())
         .collect();
     let mut messages = Vec::with_capacity(entries.len());
-    for entry in entries {
+    for &entry in entries {
         match entry.role.as_str() {
             "user" => messages.push(ChatMessage::user(entry.content.clone())),
             "assistant" => {

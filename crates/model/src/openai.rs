@@ -2,78 +2,141 @@
 
 use std::collections::VecDeque;
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::sse::SseEvent;
 use crate::types::{ChatMessage, ChatRequest, StopReason, StreamEvent, ToolCall, Usage};
 use crate::{ModelError, Provider};
 
+/// The streaming request body, borrowed from the request: serialized straight to bytes, since
+/// a `Value` tree of a long conversation cost an allocation per field on every call.
+#[derive(Serialize)]
+pub(crate) struct Body<'a> {
+    model: &'a str,
+    messages: Vec<Message<'a>>,
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+enum Message<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        // Null when a turn is only tool calls.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<Call<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct Call<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: CallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct CallFunction<'a> {
+    name: &'a str,
+    arguments: String,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ToolFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct ToolFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
 /// Returns the streaming request body.
-pub(crate) fn request_body(req: &ChatRequest, default_max_tokens: Option<u32>) -> Value {
+pub(crate) fn request_body(req: &ChatRequest, default_max_tokens: Option<u32>) -> Body<'_> {
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = &req.system {
-        messages.push(json!({"role": "system", "content": system}));
+        messages.push(Message::System { content: system });
     }
     for message in &req.messages {
         messages.push(match message {
-            ChatMessage::User { content } => json!({"role": "user", "content": content}),
+            ChatMessage::User { content } => Message::User { content },
             ChatMessage::Assistant {
                 content,
                 tool_calls,
-            } if tool_calls.is_empty() => json!({"role": "assistant", "content": content}),
-            ChatMessage::Assistant {
-                content,
-                tool_calls,
-            } => {
-                let calls: Vec<Value> = tool_calls
+            } => Message::Assistant {
+                content: (!content.is_empty() || tool_calls.is_empty()).then_some(content.as_str()),
+                tool_calls: tool_calls
                     .iter()
-                    .map(|call| {
-                        json!({
-                            "id": call.id,
-                            "type": "function",
-                            "function": {"name": call.name, "arguments": arguments_text(&call.arguments)},
-                        })
+                    .map(|call| Call {
+                        id: &call.id,
+                        kind: "function",
+                        function: CallFunction {
+                            name: &call.name,
+                            arguments: arguments_text(&call.arguments),
+                        },
                     })
-                    .collect();
-                let content = if content.is_empty() {
-                    Value::Null
-                } else {
-                    Value::from(content.as_str())
-                };
-                json!({"role": "assistant", "content": content, "tool_calls": calls})
-            }
+                    .collect(),
+            },
             ChatMessage::Tool {
                 tool_call_id,
                 content,
                 ..
-            } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
+            } => Message::Tool {
+                tool_call_id,
+                content,
+            },
         });
     }
-    let mut body = json!({
-        "model": req.model.model,
-        "messages": messages,
-        "stream": true,
-        "stream_options": {"include_usage": true},
-    });
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
+    Body {
+        model: &req.model.model,
+        messages,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
+        tools: req
             .tools
             .iter()
-            .map(|tool| {
-                json!({"type": "function", "function": {
-                    "name": tool.name, "description": tool.description, "parameters": tool.parameters,
-                }})
+            .map(|tool| Tool {
+                kind: "function",
+                function: ToolFunction {
+                    name: &tool.name,
+                    description: &tool.description,
+                    parameters: &tool.parameters,
+                },
             })
-            .collect();
-        body["tools"] = Value::Array(tools);
+            .collect(),
+        max_tokens: req.max_tokens.or(default_max_tokens),
+        reasoning_effort: req.thinking.as_deref(),
     }
-    if let Some(max_tokens) = req.max_tokens.or(default_max_tokens) {
-        body["max_tokens"] = Value::from(max_tokens);
-    }
-    if let Some(level) = &req.thinking {
-        body["reasoning_effort"] = Value::from(level.as_str());
-    }
-    body
 }
 
 /// OpenAI wants arguments as JSON text; a raw string (invalid JSON kept verbatim) goes as is.
@@ -203,5 +266,74 @@ impl Decoder {
             stop_reason,
             usage: self.usage,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::ModelRef;
+    use crate::types::ToolSpec;
+
+    #[test]
+    fn the_request_body_has_the_chat_completions_shape() {
+        let call = ToolCall {
+            id: "call_1".to_owned(),
+            name: "search".to_owned(),
+            arguments: json!({"q": "rust"}),
+        };
+        let req = ChatRequest {
+            model: ModelRef {
+                provider: Provider::OpenAi,
+                model: "gpt-4o-mini".to_owned(),
+            },
+            system: Some("be brief".to_owned()),
+            messages: vec![
+                ChatMessage::user("look it up"),
+                ChatMessage::Assistant {
+                    content: String::new(),
+                    tool_calls: vec![call],
+                },
+                ChatMessage::tool_result("call_1", "found it", false),
+                ChatMessage::Assistant {
+                    content: String::new(),
+                    tool_calls: Vec::new(),
+                },
+            ],
+            tools: vec![ToolSpec {
+                name: "search".to_owned(),
+                description: "searches".to_owned(),
+                parameters: json!({"type": "object"}),
+            }],
+            max_tokens: None,
+            thinking: Some("low".to_owned()),
+            credential: None,
+        };
+        let body = serde_json::to_value(request_body(&req, Some(256))).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "gpt-4o-mini",
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "look it up"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "search", "arguments": "{\"q\":\"rust\"}"}}
+                    ]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "found it"},
+                    {"role": "assistant", "content": ""},
+                ],
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "tools": [{"type": "function", "function": {
+                    "name": "search", "description": "searches", "parameters": {"type": "object"}
+                }}],
+                "max_tokens": 256,
+                "reasoning_effort": "low",
+            })
+        );
     }
 }
