@@ -224,17 +224,6 @@ async fn side_by_side(
     Ok(side)
 }
 
-/// Enqueue and FinishRun calls memory carried, and the batches it sent them in.
-async fn batched(stack: &Stack) -> (u64, u64) {
-    let calls = stack
-        .metric("memory", "agentloop_memory_batched_calls_total")
-        .await;
-    let batches = stack
-        .metric("memory", "agentloop_memory_batches_total")
-        .await;
-    (calls.unwrap_or(0), batches.unwrap_or(0))
-}
-
 /// `--soak`: the warm-up, then 100 sessions × `per` messages, summarized in one line.
 async fn soak(stack: &mut Stack, per: usize) -> anyhow::Result<String> {
     stack.start().await?;
@@ -248,7 +237,6 @@ async fn soak(stack: &mut Stack, per: usize) -> anyhow::Result<String> {
     step("warm-up");
     phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
     step(&format!("soak: 100 sessions × {per} messages"));
-    let before = batched(stack).await;
     let p = phases::run(
         stack,
         &client,
@@ -257,9 +245,8 @@ async fn soak(stack: &mut Stack, per: usize) -> anyhow::Result<String> {
         1,
     )
     .await?;
-    let after = batched(stack).await;
     pool.close().await;
-    let (calls, batches) = (after.0 - before.0, after.1 - before.1);
+    let (calls, batches) = p.batched.unwrap_or_default();
     let tck = procfs::clock_ticks_per_sec();
     let ok = u32::try_from(p.ok.max(1)).unwrap_or(u32::MAX);
     let by_process: Vec<String> = p
@@ -379,6 +366,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
         commit: git_commit(),
         machine: procfs::machine(),
+        yardstick: procfs::cpu_yardstick(),
         tck,
         mem_sessions: plan.mem_sessions,
         mem_active: plan.mem_active,

@@ -45,6 +45,9 @@ pub struct PhaseResult {
     pub transcript_entries: Option<i64>,
     /// The first failure seen (a lost message's error), for the log.
     pub first_error: Option<String>,
+    /// Enqueue and FinishRun calls memory carried during the phase, and the batches (one round
+    /// trip and commit each) it sent them in.
+    pub batched: Option<(u64, u64)>,
 }
 
 impl PhaseResult {
@@ -163,12 +166,17 @@ pub async fn run(
     let _ = client.take_tally();
     let pg_before = postgres_pids(pool, &stack.db_name).await?;
     let cpu_before = CpuSnapshot::take(&all_pids(stack, &pg_before));
+    let batches_before = stack.memory_batches().await;
     let mut result = drive(client, load, runners).await?;
+    let batches_after = stack.memory_batches().await;
     let pg_after = postgres_pids(pool, &stack.db_name).await?;
     let mut pids = all_pids(stack, &pg_before);
     pids.extend(pg_after);
     let cpu_after = CpuSnapshot::take(&pids);
     result.cpu_ticks = cpu_after.delta_since(&cpu_before);
+    result.batched = batches_before
+        .zip(batches_after)
+        .map(|(before, after)| (after.0 - before.0, after.1 - before.1));
     // Runs are marked finished just after their reply is published: give the last ones a moment.
     let pattern = format!("{}-%", load.name);
     let settle = Instant::now() + Duration::from_secs(5);

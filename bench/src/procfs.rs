@@ -148,3 +148,23 @@ pub fn process_tree(root: u32) -> Vec<u32> {
     }
     tree
 }
+
+/// Times a fixed single-threaded integer loop (best of five), a yardstick of the machine's CPU
+/// speed at the time: results from different days compare only as far as their yardsticks do.
+pub fn cpu_yardstick() -> std::time::Duration {
+    (0..5)
+        .map(|_| {
+            let started = std::time::Instant::now();
+            let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+            for i in 0..50_000_000_u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x = x.wrapping_add(i);
+            }
+            std::hint::black_box(x);
+            started.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}

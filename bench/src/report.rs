@@ -135,6 +135,8 @@ pub struct Report {
     pub commit: String,
     /// Cores, CPU model, `free -h` Mem line.
     pub machine: (usize, String, String),
+    /// [`crate::procfs::cpu_yardstick`] before the stack started.
+    pub yardstick: Duration,
     /// Versions of nats-server and Postgres.
     pub versions: String,
     /// Clock ticks per second.
@@ -275,6 +277,13 @@ impl Report {
         let _ = writeln!(
             s,
             "- machine: {cores} cores (`nproc`), {model}; memory (`free -h`): {mem}"
+        );
+        let _ = writeln!(
+            s,
+            "- CPU yardstick: a fixed single-threaded integer loop (50 M steps) took {:.1} ms, best of 5 \
+             (lower is faster; compare yardsticks before comparing figures of different runs; \
+             `bench/HISTORY.md` has same-machine before/after runs)",
+            self.yardstick.as_secs_f64() * 1000.0
         );
         let _ = writeln!(s, "- {}", self.versions);
         let _ = writeln!(s, "- mode: {}", self.mode);
@@ -588,9 +597,9 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| sessions | runners | sent | replies ok | wrong / lost / dup / stray | persisted runs | transcript rows | runs/s | latency p50 / p99 ms | stalled > 1 s | stack CPU-ms/run | stack cores busy |"
+            "| sessions | runners | sent | replies ok | wrong / lost / dup / stray | persisted runs | transcript rows | runs/s | latency p50 / p99 ms | stalled > 1 s | stack CPU-ms/run | stack cores busy | memory calls per batch |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         let rows: Vec<&PhaseResult> = self
             .throughput
             .iter()
@@ -609,7 +618,7 @@ impl Report {
             };
             let _ = writeln!(
                 s,
-                "| {label} | {} | {} | {} | {} / {} / {} / {} | {} | {} | {:.0} | {:.1} / {:.1} | {} | {:.2} | {:.2} |",
+                "| {label} | {} | {} | {} | {} / {} / {} / {} | {} | {} | {:.0} | {:.1} / {:.1} | {} | {:.2} | {:.2} | {} |",
                 p.runners,
                 p.sent,
                 p.ok,
@@ -629,7 +638,11 @@ impl Report {
                     stalled(&p.totals).to_string()
                 },
                 p.cpu_ms_per_run(&STACK_GROUPS, self.tck),
-                self.stack_cores(p)
+                self.stack_cores(p),
+                p.batched.map_or("—".to_owned(), |(calls, batches)| format!(
+                    "{:.2}",
+                    calls as f64 / batches.max(1) as f64
+                ))
             );
         }
         let _ = writeln!(s, "\n### CPU-ms per completed run, by process\n");

@@ -274,6 +274,17 @@ impl Stack {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Memory's run-path counters: calls carried, and the batches they went in.
+    pub async fn memory_batches(&self) -> Option<(u64, u64)> {
+        let calls = self
+            .metric("memory", "agentloop_memory_batched_calls_total")
+            .await?;
+        let batches = self
+            .metric("memory", "agentloop_memory_batches_total")
+            .await?;
+        Some((calls, batches))
+    }
+
     /// Stops everything in reverse start order: SIGTERM, then SIGKILL after a grace period.
     pub async fn shutdown(&mut self) {
         while let Some(mut proc) = self.procs.pop() {

@@ -35,6 +35,12 @@ pub enum MemoryError {
     /// retry after the restart will answer.
     #[error("memory is stopping: the call was not run")]
     Stopping,
+    /// Too many calls are waiting for the database; retrying shortly may succeed.
+    #[error("memory is overloaded: too many calls waiting for the database")]
+    Overloaded,
+    /// A bug: the service failed in a way no request should cause.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// Postgres cannot be reached right now; retrying later may succeed.
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
@@ -65,7 +71,10 @@ impl MemoryError {
     /// Returns whether the error means the database is unreachable (as opposed to a bad request
     /// or a bug), which turns readiness off until a query succeeds again.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Starting | Self::Stopping)
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::Starting | Self::Stopping | Self::Overloaded
+        )
     }
 }
 

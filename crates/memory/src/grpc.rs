@@ -29,11 +29,14 @@ impl From<MemoryError> for Status {
                 Status::not_found(err.to_string())
             }
             MemoryError::InvalidArgument(_) => Status::invalid_argument(err.to_string()),
-            MemoryError::Starting | MemoryError::Stopping => Status::unavailable(err.to_string()),
+            MemoryError::Starting | MemoryError::Stopping | MemoryError::Overloaded => {
+                Status::unavailable(err.to_string())
+            }
             // The cause (refused, pool timed out, server shutting down) tells an operator
             // reading the caller's logs where to look.
             MemoryError::Unavailable(_) => Status::unavailable(Chain(&err).to_string()),
             MemoryError::Database(_)
+            | MemoryError::Internal(_)
             | MemoryError::DatabaseUrl(_)
             | MemoryError::Migrate(_)
             | MemoryError::Bind { .. }
@@ -101,12 +104,14 @@ impl SessionApi {
             }
             MemoryError::Starting
             | MemoryError::Stopping
+            | MemoryError::Overloaded
             | MemoryError::SessionNotFound(_)
             | MemoryError::RunNotFound { .. }
             | MemoryError::InvalidArgument(_) => {
                 tracing::debug!(rpc, error = %err, "rpc refused");
             }
             MemoryError::Database(_)
+            | MemoryError::Internal(_)
             | MemoryError::DatabaseUrl(_)
             | MemoryError::Migrate(_)
             | MemoryError::Bind { .. }

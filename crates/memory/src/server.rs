@@ -122,6 +122,10 @@ impl Memory {
                 "agentloop_memory_batched_calls_total",
                 "Enqueue and FinishRun calls carried by those batches.",
             ),
+            fallbacks: health.counter(
+                "agentloop_memory_batch_fallbacks_total",
+                "Batches that failed in Postgres and then ran their calls one by one.",
+            ),
         };
         let database = {
             let (slot, readiness, stop) = (slot.clone(), readiness.clone(), stop.clone());

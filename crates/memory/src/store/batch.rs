@@ -36,7 +36,13 @@ pub struct BatchCounters {
     pub batches: Counter,
     /// Calls carried by those batches.
     pub items: Counter,
+    /// Batches that failed in Postgres and then ran their calls one by one.
+    pub fallbacks: Counter,
 }
+
+/// Calls waiting for a batch at most; beyond that a call is refused as overloaded (the caller
+/// retries) instead of queueing without bound behind a slow or unreachable database.
+const QUEUE_CAPACITY: usize = 16_384;
 
 type Reply<O> = oneshot::Sender<Result<O, MemoryError>>;
 type Execute<I, O> = Arc<
@@ -52,7 +58,7 @@ pub(crate) struct Batcher<I, O> {
     counters: BatchCounters,
     execute: Execute<I, O>,
     // Started on the first call, so a store can be built outside a Tokio runtime.
-    queue: OnceLock<mpsc::UnboundedSender<(I, Reply<O>)>>,
+    queue: OnceLock<mpsc::Sender<(I, Reply<O>)>>,
 }
 
 impl<I, O> std::fmt::Debug for Batcher<I, O> {
@@ -82,14 +88,16 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     pub(crate) async fn call(&self, item: I) -> Result<O, MemoryError> {
         let (reply, answer) = oneshot::channel();
         let queue = self.queue.get_or_init(|| self.start());
-        if queue.send((item, reply)).is_err() {
-            return Err(MemoryError::Stopping);
+        match queue.try_send((item, reply)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => return Err(MemoryError::Overloaded),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(MemoryError::Stopping),
         }
         answer.await.unwrap_or(Err(MemoryError::Stopping))
     }
 
-    fn start(&self) -> mpsc::UnboundedSender<(I, Reply<O>)> {
-        let (queue, incoming) = mpsc::unbounded_channel::<(I, Reply<O>)>();
+    fn start(&self) -> mpsc::Sender<(I, Reply<O>)> {
+        let (queue, incoming) = mpsc::channel::<(I, Reply<O>)>(QUEUE_CAPACITY);
         let incoming = Arc::new(Mutex::new(incoming));
         for _ in 0..self.settings.lanes.max(1) {
             let incoming = incoming.clone();
@@ -113,21 +121,80 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                             }
                         }
                     }
+                    // A caller that gave up (its request was cancelled or timed out) retries on
+                    // its own; running its call late could claim a lease nobody works on.
+                    batch.retain(|(_, reply)| !reply.is_closed());
+                    if batch.is_empty() {
+                        continue;
+                    }
                     counters.batches.inc();
                     for _ in 0..batch.len() {
                         counters.items.inc();
                     }
                     let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
-                    let results = execute(items).await;
-                    for (reply, result) in replies.into_iter().zip(results) {
-                        // The caller may have gone (its request was cancelled); the work stands.
-                        let _ = reply.send(result);
+                    // Its own task, so a panic fails this batch's calls, not the lane.
+                    match tokio::spawn(execute(items)).await {
+                        Ok(results) => {
+                            for (reply, result) in replies.into_iter().zip(results) {
+                                let _ = reply.send(result);
+                            }
+                        }
+                        Err(err) => {
+                            tracing::error!(error = %err, calls = replies.len(), "a batch of the run path panicked; its calls fail");
+                            for reply in replies {
+                                let _ = reply.send(Err(MemoryError::Internal(format!(
+                                    "the batch carrying this call failed: {err}"
+                                ))));
+                            }
+                        }
                     }
                 }
             });
         }
         queue
     }
+}
+
+/// What to do after a batch statement failed: with the database unreachable every call gets the
+/// error at once (running them one by one would only wait out the pool timeout again and
+/// again); any other failure (one bad call, a deadlock) rolled the whole batch back, so each
+/// call runs again on its own and only the bad one fails.
+pub(crate) fn after_failure<O>(
+    what: &str,
+    err: &sqlx::Error,
+    calls: usize,
+    counters: &BatchCounters,
+) -> Option<Vec<Result<O, MemoryError>>> {
+    if super::error::is_outage(err) {
+        tracing::debug!(error = %err, calls, "{what} batch failed: database unreachable");
+        return Some(
+            (0..calls)
+                .map(|_| {
+                    Err(MemoryError::Unavailable(sqlx::Error::Io(
+                        std::io::Error::other(format!(
+                            "the batch carrying this call failed: {err}"
+                        )),
+                    )))
+                })
+                .collect(),
+        );
+    }
+    counters.fallbacks.inc();
+    tracing::debug!(error = %err, calls, "{what} batch failed; running its calls one by one");
+    None
+}
+
+/// A batch answered with rows that do not match its calls one to one. It committed, so running
+/// the calls again could claim leases twice: every call fails instead (and is retried).
+pub(crate) fn out_of_shape<O>(what: &str, calls: usize) -> Vec<Result<O, MemoryError>> {
+    tracing::error!(calls, "{what} batch answered out of shape");
+    (0..calls)
+        .map(|_| {
+            Err(MemoryError::Internal(format!(
+                "the {what} batch carrying this call answered out of shape"
+            )))
+        })
+        .collect()
 }
 
 /// Orders batch positions by session so that concurrent batches take session locks in the same
@@ -211,5 +278,33 @@ mod tests {
             "each call gets its own item's result"
         );
         assert_eq!((counters.batches.get(), counters.items.get()), (2, 4));
+    }
+
+    #[tokio::test]
+    async fn a_panicking_batch_fails_its_calls_and_the_lane_goes_on() {
+        let execute: Execute<u32, u32> = Arc::new(|items: Vec<u32>| {
+            Box::pin(async move {
+                assert!(!items.contains(&0), "zero is the poison");
+                items.into_iter().map(Ok).collect()
+            })
+        });
+        let batcher = Batcher::new(
+            BatchSettings {
+                lanes: 1,
+                max_items: 64,
+            },
+            BatchCounters::default(),
+            execute,
+        );
+        let poisoned = batcher.call(0).await;
+        assert!(
+            matches!(poisoned, Err(MemoryError::Internal(_))),
+            "{poisoned:?}"
+        );
+        assert_eq!(
+            batcher.call(7).await.unwrap(),
+            7,
+            "the one lane still serves"
+        );
     }
 }

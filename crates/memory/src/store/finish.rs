@@ -45,6 +45,7 @@ pub(crate) struct FinishArgs {
 pub(crate) async fn finish_batch(
     pool: &sqlx::PgPool,
     items: Vec<FinishArgs>,
+    counters: &super::BatchCounters,
 ) -> Vec<Result<FinishRow, MemoryError>> {
     if items.len() > 1 {
         let order = super::batch::lock_order(&items, |item| item.session_id);
@@ -94,6 +95,7 @@ pub(crate) async fn finish_batch(
         let rows = bind_entries(query, &entries).fetch_all(pool).await;
         match rows {
             Ok(rows) => {
+                let answered = rows.len();
                 let mut results: Vec<Option<FinishRow>> = items.iter().map(|_| None).collect();
                 for indexed in rows {
                     let at = usize::try_from(indexed.idx - 1)
@@ -103,13 +105,17 @@ pub(crate) async fn finish_batch(
                         results[at] = Some(indexed.row);
                     }
                 }
-                if results.iter().all(Option::is_some) {
+                if answered == items.len() && results.iter().all(Option::is_some) {
                     return results.into_iter().flatten().map(Ok).collect();
                 }
-                tracing::warn!("finish batch answered out of shape; running its items one by one");
+                return super::batch::out_of_shape("finish", items.len());
             }
             Err(err) => {
-                tracing::debug!(error = %err, items = items.len(), "finish batch failed; running its items one by one");
+                if let Some(failed) =
+                    super::batch::after_failure("finish", &err, items.len(), counters)
+                {
+                    return failed;
+                }
             }
         }
     }

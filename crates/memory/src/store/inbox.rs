@@ -172,6 +172,7 @@ struct IndexedEnqueueRow {
 pub(crate) async fn enqueue_batch(
     pool: &sqlx::PgPool,
     items: Vec<EnqueueArgs>,
+    counters: &super::BatchCounters,
 ) -> Vec<Result<EnqueueRow, MemoryError>> {
     if items.len() > 1 {
         let order = super::batch::lock_order(&items, |item| item.session_id);
@@ -217,7 +218,8 @@ pub(crate) async fn enqueue_batch(
             .fetch_all(pool)
             .await;
         match rows {
-            Ok(rows) if rows.len() == items.len() => {
+            Ok(rows) => {
+                let answered = rows.len();
                 let mut results: Vec<Option<EnqueueRow>> = items.iter().map(|_| None).collect();
                 for indexed in rows {
                     let at = usize::try_from(indexed.idx - 1)
@@ -227,16 +229,17 @@ pub(crate) async fn enqueue_batch(
                         results[at] = Some(indexed.row);
                     }
                 }
-                if results.iter().all(Option::is_some) {
+                if answered == items.len() && results.iter().all(Option::is_some) {
                     return results.into_iter().flatten().map(Ok).collect();
                 }
-                tracing::warn!("enqueue batch answered out of shape; running its items one by one");
-            }
-            Ok(_) => {
-                tracing::warn!("enqueue batch answered out of shape; running its items one by one");
+                return super::batch::out_of_shape("enqueue", items.len());
             }
             Err(err) => {
-                tracing::debug!(error = %err, items = items.len(), "enqueue batch failed; running its items one by one");
+                if let Some(failed) =
+                    super::batch::after_failure("enqueue", &err, items.len(), counters)
+                {
+                    return failed;
+                }
             }
         }
     }

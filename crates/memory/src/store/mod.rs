@@ -51,23 +51,23 @@ impl Store {
     /// Returns a store over an already migrated pool whose enqueues and run ends are gathered
     /// into batches as `settings` say, counted in `counters`.
     pub fn with_batching(pool: PgPool, settings: BatchSettings, counters: &BatchCounters) -> Self {
-        let enqueue_pool = pool.clone();
-        let finish_pool = pool.clone();
+        let (enqueue_pool, enqueue_counters) = (pool.clone(), counters.clone());
+        let (finish_pool, finish_counters) = (pool.clone(), counters.clone());
         let run_path = RunPath {
             enqueue: batch::Batcher::new(
                 settings,
                 counters.clone(),
                 Arc::new(move |items| {
-                    let pool = enqueue_pool.clone();
-                    Box::pin(async move { inbox::enqueue_batch(&pool, items).await })
+                    let (pool, counters) = (enqueue_pool.clone(), enqueue_counters.clone());
+                    Box::pin(async move { inbox::enqueue_batch(&pool, items, &counters).await })
                 }),
             ),
             finish: batch::Batcher::new(
                 settings,
                 counters.clone(),
                 Arc::new(move |items| {
-                    let pool = finish_pool.clone();
-                    Box::pin(async move { finish::finish_batch(&pool, items).await })
+                    let (pool, counters) = (finish_pool.clone(), finish_counters.clone());
+                    Box::pin(async move { finish::finish_batch(&pool, items, &counters).await })
                 }),
             ),
         };
