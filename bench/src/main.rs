@@ -367,6 +367,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         commit: git_commit(),
         machine: procfs::machine(),
         yardstick: procfs::cpu_yardstick(),
+        round_trip: procfs::loopback_round_trip().ok(),
         tck,
         mem_sessions: plan.mem_sessions,
         mem_active: plan.mem_active,

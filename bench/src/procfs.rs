@@ -168,3 +168,35 @@ pub fn cpu_yardstick() -> std::time::Duration {
         .min()
         .unwrap_or_default()
 }
+
+/// Times a loopback TCP ping-pong between two threads (one byte each way, Nagle off; median
+/// round trip of 20 000): the stack's hops are mostly such wakeups, so this yardstick shows how
+/// fast the machine is at what the stack does most.
+pub fn loopback_round_trip() -> std::io::Result<std::time::Duration> {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut peer, _) = listener.accept()?;
+        peer.set_nodelay(true)?;
+        let mut byte = [0_u8; 1];
+        while peer.read(&mut byte)? == 1 {
+            peer.write_all(&byte)?;
+        }
+        Ok(())
+    });
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    conn.set_nodelay(true)?;
+    let mut byte = [7_u8; 1];
+    let mut times = Vec::with_capacity(20_000);
+    for _ in 0..20_000 {
+        let started = std::time::Instant::now();
+        conn.write_all(&byte)?;
+        conn.read_exact(&mut byte)?;
+        times.push(started.elapsed());
+    }
+    drop(conn);
+    let _ = echo.join();
+    times.sort();
+    Ok(times[times.len() / 2])
+}

@@ -137,6 +137,8 @@ pub struct Report {
     pub machine: (usize, String, String),
     /// [`crate::procfs::cpu_yardstick`] before the stack started.
     pub yardstick: Duration,
+    /// [`crate::procfs::loopback_round_trip`] before the stack started.
+    pub round_trip: Option<Duration>,
     /// Versions of nats-server and Postgres.
     pub versions: String,
     /// Clock ticks per second.
@@ -280,10 +282,15 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "- CPU yardstick: a fixed single-threaded integer loop (50 M steps) took {:.1} ms, best of 5 \
-             (lower is faster; compare yardsticks before comparing figures of different runs; \
-             `bench/HISTORY.md` has same-machine before/after runs)",
-            self.yardstick.as_secs_f64() * 1000.0
+            "- yardsticks of the machine (lower is faster; compare them before comparing figures of \
+             different runs, and see `bench/HISTORY.md` for same-machine before/after runs): a fixed \
+             single-threaded integer loop (50 M steps) {:.1} ms, best of 5; a loopback TCP ping-pong \
+             between two threads {} µs per round trip, median of 20 000",
+            self.yardstick.as_secs_f64() * 1000.0,
+            self.round_trip.map_or("—".to_owned(), |rt| format!(
+                "{:.1}",
+                rt.as_secs_f64() * 1e6
+            ))
         );
         let _ = writeln!(s, "- {}", self.versions);
         let _ = writeln!(s, "- mode: {}", self.mode);

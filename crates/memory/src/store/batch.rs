@@ -3,10 +3,12 @@
 //! A call that finds a lane idle goes at once, so a quiet system pays no extra latency.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
 use agentloop_lifecycle::Counter;
+use futures::FutureExt as _;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::MemoryError;
@@ -132,18 +134,24 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                         counters.items.inc();
                     }
                     let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
-                    // Its own task, so a panic fails this batch's calls, not the lane.
-                    match tokio::spawn(execute(items)).await {
+                    // A panic fails this batch's calls, not the lane. Caught in place rather than
+                    // in a task of its own: one task wakeup less per batch.
+                    match AssertUnwindSafe(execute(items)).catch_unwind().await {
                         Ok(results) => {
                             for (reply, result) in replies.into_iter().zip(results) {
                                 let _ = reply.send(result);
                             }
                         }
-                        Err(err) => {
-                            tracing::error!(error = %err, calls = replies.len(), "a batch of the run path panicked; its calls fail");
+                        Err(panic) => {
+                            let why = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| (*s).to_owned())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "a panic".to_owned());
+                            tracing::error!(error = %why, calls = replies.len(), "a batch of the run path panicked; its calls fail");
                             for reply in replies {
                                 let _ = reply.send(Err(MemoryError::Internal(format!(
-                                    "the batch carrying this call failed: {err}"
+                                    "the batch carrying this call failed: {why}"
                                 ))));
                             }
                         }
