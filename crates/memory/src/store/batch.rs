@@ -163,46 +163,63 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     }
 }
 
-/// What to do after a batch statement failed: with the database unreachable every call gets the
-/// error at once (running them one by one would only wait out the pool timeout again and
-/// again); any other failure (one bad call, a deadlock) rolled the whole batch back, so each
-/// call runs again on its own and only the bad one fails.
-pub(crate) fn after_failure<O>(
+/// Turns what a batch statement answered into one result per call, in call order; `None` when
+/// the batch failed for a reason that rolled it back (one bad call, a deadlock), so each call
+/// must run again on its own and only the bad one fails. Rows carry their 1-based position in
+/// `order` (the lock order the arrays were built in).
+pub(crate) fn settle<O>(
     what: &str,
-    err: &sqlx::Error,
-    calls: usize,
+    answered: Result<Vec<(i32, O)>, sqlx::Error>,
+    order: &[usize],
     counters: &BatchCounters,
 ) -> Option<Vec<Result<O, MemoryError>>> {
-    if super::error::is_outage(err) {
-        tracing::debug!(error = %err, calls, "{what} batch failed: database unreachable");
-        return Some(
-            (0..calls)
-                .map(|_| {
-                    Err(MemoryError::Unavailable(sqlx::Error::Io(
-                        std::io::Error::other(format!(
-                            "the batch carrying this call failed: {err}"
-                        )),
-                    )))
-                })
-                .collect(),
-        );
+    let calls = order.len();
+    let rows = match answered {
+        Ok(rows) => rows,
+        Err(err) if super::error::is_outage(&err) => {
+            // Running the calls one by one would only wait out the pool timeout again and again.
+            tracing::debug!(error = %err, calls, "{what} batch failed: database unreachable");
+            return Some(
+                (0..calls)
+                    .map(|_| {
+                        Err(MemoryError::Unavailable(sqlx::Error::Io(
+                            std::io::Error::other(format!(
+                                "the batch carrying this call failed: {err}"
+                            )),
+                        )))
+                    })
+                    .collect(),
+            );
+        }
+        Err(err) => {
+            counters.fallbacks.inc();
+            tracing::debug!(error = %err, calls, "{what} batch failed; running its calls one by one");
+            return None;
+        }
+    };
+    let answered = rows.len();
+    let mut results: Vec<Option<O>> = (0..calls).map(|_| None).collect();
+    for (idx, row) in rows {
+        let at = usize::try_from(idx - 1).ok().and_then(|i| order.get(i));
+        if let Some(&at) = at {
+            results[at] = Some(row);
+        }
     }
-    counters.fallbacks.inc();
-    tracing::debug!(error = %err, calls, "{what} batch failed; running its calls one by one");
-    None
-}
-
-/// A batch answered with rows that do not match its calls one to one. It committed, so running
-/// the calls again could claim leases twice: every call fails instead (and is retried).
-pub(crate) fn out_of_shape<O>(what: &str, calls: usize) -> Vec<Result<O, MemoryError>> {
-    tracing::error!(calls, "{what} batch answered out of shape");
-    (0..calls)
-        .map(|_| {
-            Err(MemoryError::Internal(format!(
-                "the {what} batch carrying this call answered out of shape"
-            )))
-        })
-        .collect()
+    if answered == calls && results.iter().all(Option::is_some) {
+        return Some(results.into_iter().flatten().map(Ok).collect());
+    }
+    // It committed, so running the calls again could claim leases twice: every call fails
+    // instead (and its caller retries).
+    tracing::error!(calls, answered, "{what} batch answered out of shape");
+    Some(
+        (0..calls)
+            .map(|_| {
+                Err(MemoryError::Internal(format!(
+                    "the {what} batch carrying this call answered out of shape"
+                )))
+            })
+            .collect(),
+    )
 }
 
 /// Orders batch positions by session so that concurrent batches take session locks in the same

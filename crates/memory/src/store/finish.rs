@@ -93,30 +93,9 @@ pub(crate) async fn finish_batch(
             .bind(ordered.iter().map(|a| a.release).collect::<Vec<_>>())
             .bind(entry_ends);
         let rows = bind_entries(query, &entries).fetch_all(pool).await;
-        match rows {
-            Ok(rows) => {
-                let answered = rows.len();
-                let mut results: Vec<Option<FinishRow>> = items.iter().map(|_| None).collect();
-                for indexed in rows {
-                    let at = usize::try_from(indexed.idx - 1)
-                        .ok()
-                        .and_then(|i| order.get(i));
-                    if let Some(&at) = at {
-                        results[at] = Some(indexed.row);
-                    }
-                }
-                if answered == items.len() && results.iter().all(Option::is_some) {
-                    return results.into_iter().flatten().map(Ok).collect();
-                }
-                return super::batch::out_of_shape("finish", items.len());
-            }
-            Err(err) => {
-                if let Some(failed) =
-                    super::batch::after_failure("finish", &err, items.len(), counters)
-                {
-                    return failed;
-                }
-            }
+        let answered = rows.map(|rows| rows.into_iter().map(|r| (r.idx, r.row)).collect());
+        if let Some(settled) = super::batch::settle("finish", answered, &order, counters) {
+            return settled;
         }
     }
     let mut results = Vec::with_capacity(items.len());
