@@ -580,7 +580,16 @@ fn git_commit() -> String {
             .unwrap_or_default()
     };
     let commit = run(&["rev-parse", "--short", "HEAD"]);
-    let dirty = !run(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    // The bench's own output does not make the measured code dirty.
+    let dirty = !run(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ":(top)",
+        ":(top,exclude)bench/RESULTS.md",
+    ])
+    .is_empty();
     if dirty {
         format!("{commit} (with uncommitted changes)")
     } else {
