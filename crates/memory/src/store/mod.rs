@@ -1,5 +1,6 @@
 //! The Postgres store: one method per SessionService operation, each a single statement (one
-//! round trip) so the hot path stays cheap. Every write of a run is fenced by the lease epoch
+//! round trip) so the hot path stays cheap; enqueues and run ends arriving together share one
+//! statement and one commit (see `batch`). Every write of a run is fenced by the lease epoch
 //! inside the statement that performs it.
 
 mod batch;
