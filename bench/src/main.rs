@@ -230,6 +230,21 @@ async fn side_by_side(
     Ok(side)
 }
 
+/// Runs a phase with the events watched (first deltas) and, with `trace`, every hop recorded
+/// for [`LoadClient::take_traces`].
+async fn watched(
+    stack: &Stack,
+    client: &LoadClient,
+    pool: &sqlx::PgPool,
+    load: &Load,
+    trace: bool,
+) -> anyhow::Result<phases::PhaseResult> {
+    let watch = client.watch(trace).await?;
+    let result = phases::run(stack, client, pool, load, 1).await;
+    drop(watch);
+    result
+}
+
 /// `--soak`: the warm-up, then `sessions` sessions × `per` messages, summarized in one line.
 async fn soak(stack: &mut Stack, sessions: usize, per: usize) -> anyhow::Result<String> {
     stack.start().await?;
@@ -412,47 +427,40 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
     .await?;
 
     // The overhead is measured with only the events watched (the first delta needs them); the
-    // hop profile comes from a phase of its own, since tracing every hop adds its own load.
+    // hop profile has a phase of its own, so its tracing stays out of the overhead figures.
     step("latency, 1 session");
-    let watch = client.watch(false).await?;
-    let lat1 = phases::run(
+    let lat1 = watched(
         stack,
         &client,
         &pool,
         &load("lat1", 1, 1, plan.lat1, plan.phase_limit),
-        1,
+        false,
     )
     .await?;
-    drop(watch);
     step(&summary_line(&lat1, tck));
     report.latency.push(lat1);
 
     step("where the time goes, 1 session (tracing every hop)");
-    let watch = client.watch(true).await?;
-    let hops = phases::run(
+    let hops = watched(
         stack,
         &client,
         &pool,
         &load("hops", 1, 1, plan.hops, plan.phase_limit),
-        1,
+        true,
     )
     .await?;
-    let traces = client.take_traces();
-    drop(watch);
-    report.hops = phases::hop_rows(&pool, "hops", traces).await?;
+    report.hops = phases::hop_rows(&pool, "hops", client.take_traces()).await?;
     step(&summary_line(&hops, tck));
 
     step("latency, 10 sessions at once");
-    let watch = client.watch(false).await?;
-    let lat10 = phases::run(
+    let lat10 = watched(
         stack,
         &client,
         &pool,
         &load("lat10", 10, 10, plan.lat10, plan.phase_limit),
-        1,
+        false,
     )
     .await?;
-    drop(watch);
     step(&summary_line(&lat10, tck));
     report.latency.push(lat10);
 

@@ -322,8 +322,8 @@ impl Report {
              and not counted.\n\
              - Memory: VmRSS from `/proc/<pid>/status`. Per idle session: runner RSS after the memory phase \
              (idle) minus before it, divided by the sessions it added.\n\
-             - Hop profile: a phase of its own after the 1-session latency phase (tracing every hop adds \
-             the bench's own load: a subscription to every RunCommand and a record per event), with \
+             - Hop profile: a phase of its own after the 1-session latency phase, so its tracing (a \
+             subscription to every RunCommand and a record per event) stays out of the overhead figures; \
              wall-clock timestamps on one host: the bench's publish and receive times, the \
              RunCommand seen on `agentloop.run.>`, SystemEvent `ts`, `OutboundMessage.ts`, and \
              `session_inbox.enqueued_at`, `runs.started_at/finished_at`, `transcript_entries.created_at` \

@@ -328,13 +328,7 @@ impl SessionApi {
         let entries = new_entries(req.entries)?;
         let finished = self
             .store()?
-            .finish_run_and_release(
-                session_id,
-                req.epoch,
-                &outcome,
-                &entries,
-                req.release_if_idle,
-            )
+            .finish_run_and_release(session_id, req.epoch, outcome, entries, req.release_if_idle)
             .await?;
         Ok(pb::FinishRunResponse {
             released: finished.released,

@@ -47,62 +47,40 @@ pub(crate) async fn finish_batch(
     items: Vec<FinishArgs>,
     counters: &super::BatchCounters,
 ) -> Vec<Result<FinishRow, MemoryError>> {
+    use super::batch::column;
     if items.len() > 1 {
         let order = super::batch::lock_order(&items, |item| item.session_id);
         let ordered: Vec<&FinishArgs> = order.iter().map(|&i| &items[i]).collect();
-        let outcome = |f: fn(&RunOutcome) -> Option<&str>| {
-            ordered.iter().map(|a| f(&a.outcome)).collect::<Vec<_>>()
-        };
-        let mut entry_ends = Vec::with_capacity(ordered.len());
-        let mut end = 0_i32;
-        for item in &ordered {
-            end += i32::try_from(item.entries.len()).unwrap_or(i32::MAX);
-            entry_ends.push(end);
-        }
-        let entries: Vec<NewEntry> = ordered
+        let entry_ends: Vec<i32> = ordered
             .iter()
-            .flat_map(|a| a.entries.iter().cloned())
+            .scan(0_i32, |end, call| {
+                *end += i32::try_from(call.entries.len()).unwrap_or(i32::MAX);
+                Some(*end)
+            })
             .collect();
         let query = sqlx::query_as::<_, IndexedFinishRow>(include_str!("queries/finish_many.sql"))
-            .bind(ordered.iter().map(|a| a.session_id).collect::<Vec<_>>())
-            .bind(ordered.iter().map(|a| a.epoch).collect::<Vec<_>>())
-            .bind(ordered.iter().map(|a| a.outcome.run_id).collect::<Vec<_>>())
-            .bind(
-                ordered
-                    .iter()
-                    .map(|a| a.outcome.inbox_seq)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(outcome(|o| Some(o.status.as_str())))
-            .bind(outcome(|o| o.error.as_deref()))
-            .bind(outcome(|o| o.model.as_deref()))
-            .bind(
-                ordered
-                    .iter()
-                    .map(|a| a.outcome.input_tokens)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                ordered
-                    .iter()
-                    .map(|a| a.outcome.output_tokens)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(outcome(|o| o.provider.as_deref()))
-            .bind(outcome(|o| o.profile.as_deref()))
-            .bind(ordered.iter().map(|a| a.release).collect::<Vec<_>>())
+            .bind(column(&ordered, |a| a.session_id))
+            .bind(column(&ordered, |a| a.epoch))
+            .bind(column(&ordered, |a| a.outcome.run_id))
+            .bind(column(&ordered, |a| a.outcome.inbox_seq))
+            .bind(column(&ordered, |a| a.outcome.status.as_str()))
+            .bind(column(&ordered, |a| a.outcome.error.as_deref()))
+            .bind(column(&ordered, |a| a.outcome.model.as_deref()))
+            .bind(column(&ordered, |a| a.outcome.input_tokens))
+            .bind(column(&ordered, |a| a.outcome.output_tokens))
+            .bind(column(&ordered, |a| a.outcome.provider.as_deref()))
+            .bind(column(&ordered, |a| a.outcome.profile.as_deref()))
+            .bind(column(&ordered, |a| a.release))
             .bind(entry_ends);
-        let rows = bind_entries(query, &entries).fetch_all(pool).await;
+        // The entries are bound where they lie, run after run in lock order, not copied.
+        let entries = ordered.iter().flat_map(|call| call.entries.iter());
+        let rows = bind_entries(query, entries).fetch_all(pool).await;
         let answered = rows.map(|rows| rows.into_iter().map(|r| (r.idx, r.row)).collect());
         if let Some(settled) = super::batch::settle("finish", answered, &order, counters) {
             return settled;
         }
     }
-    let mut results = Vec::with_capacity(items.len());
-    for item in &items {
-        results.push(finish_one(pool, item).await);
-    }
-    results
+    super::batch::one_by_one(&items, |item| finish_one(pool, item)).await
 }
 
 async fn finish_one(pool: &sqlx::PgPool, item: &FinishArgs) -> Result<FinishRow, MemoryError> {
@@ -119,7 +97,7 @@ async fn finish_one(pool: &sqlx::PgPool, item: &FinishArgs) -> Result<FinishRow,
         .bind(outcome.output_tokens)
         .bind(outcome.provider.as_deref())
         .bind(outcome.profile.as_deref());
-    bind_entries(query, &item.entries)
+    bind_entries(query, item.entries.iter())
         .bind(item.release)
         .fetch_one(pool)
         .await
@@ -137,18 +115,19 @@ impl Store {
         &self,
         session_id: Uuid,
         epoch: i64,
-        outcome: &RunOutcome,
-        entries: &[NewEntry],
+        outcome: RunOutcome,
+        entries: Vec<NewEntry>,
         release_if_idle: bool,
     ) -> Result<Finished, MemoryError> {
+        let (run_id, inbox_seq) = (outcome.run_id, outcome.inbox_seq);
         let row = self
             .run_path
             .finish
             .call(FinishArgs {
                 session_id,
                 epoch,
-                outcome: outcome.clone(),
-                entries: entries.to_vec(),
+                outcome,
+                entries,
                 release: release_if_idle,
             })
             .await?;
@@ -156,10 +135,7 @@ impl Store {
             return Err(self.lease_failure(session_id, epoch).await);
         }
         if !row.found {
-            return Err(MemoryError::RunNotFound {
-                run_id: outcome.run_id,
-                inbox_seq: outcome.inbox_seq,
-            });
+            return Err(MemoryError::RunNotFound { run_id, inbox_seq });
         }
         Ok(Finished {
             finished: row.finished,
@@ -181,7 +157,7 @@ impl Store {
         epoch: i64,
         outcome: &RunOutcome,
     ) -> Result<bool, MemoryError> {
-        self.finish_run_and_release(session_id, epoch, outcome, &[], false)
+        self.finish_run_and_release(session_id, epoch, outcome.clone(), Vec::new(), false)
             .await
             .map(|finished| finished.finished)
     }

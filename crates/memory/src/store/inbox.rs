@@ -174,47 +174,19 @@ pub(crate) async fn enqueue_batch(
     items: Vec<EnqueueArgs>,
     counters: &super::BatchCounters,
 ) -> Vec<Result<EnqueueRow, MemoryError>> {
+    use super::batch::column;
     if items.len() > 1 {
         let order = super::batch::lock_order(&items, |item| item.session_id);
+        let ordered: Vec<&EnqueueArgs> = order.iter().map(|&i| &items[i]).collect();
         let rows = sqlx::query_as::<_, IndexedEnqueueRow>(include_str!("queries/enqueue_many.sql"))
-            .bind(
-                order
-                    .iter()
-                    .map(|&i| items[i].session_id)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                order
-                    .iter()
-                    .map(|&i| items[i].key.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(order.iter().map(|&i| items[i].kind).collect::<Vec<_>>())
-            .bind(
-                order
-                    .iter()
-                    .map(|&i| items[i].payload.as_slice())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                order
-                    .iter()
-                    .map(|&i| items[i].owner.as_deref())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(order.iter().map(|&i| items[i].ttl_ms).collect::<Vec<_>>())
-            .bind(
-                order
-                    .iter()
-                    .map(|&i| items[i].history_limit)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                order
-                    .iter()
-                    .map(|&i| items[i].history_after)
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(&ordered, |a| a.session_id))
+            .bind(column(&ordered, |a| a.key.as_str()))
+            .bind(column(&ordered, |a| a.kind))
+            .bind(column(&ordered, |a| a.payload.as_slice()))
+            .bind(column(&ordered, |a| a.owner.as_deref()))
+            .bind(column(&ordered, |a| a.ttl_ms))
+            .bind(column(&ordered, |a| a.history_limit))
+            .bind(column(&ordered, |a| a.history_after))
             .fetch_all(pool)
             .await;
         let answered = rows.map(|rows| rows.into_iter().map(|r| (r.idx, r.row)).collect());
@@ -222,11 +194,7 @@ pub(crate) async fn enqueue_batch(
             return settled;
         }
     }
-    let mut results = Vec::with_capacity(items.len());
-    for item in &items {
-        results.push(enqueue_one(pool, item).await);
-    }
-    results
+    super::batch::one_by_one(&items, |item| enqueue_one(pool, item)).await
 }
 
 async fn enqueue_one(pool: &sqlx::PgPool, item: &EnqueueArgs) -> Result<EnqueueRow, MemoryError> {

@@ -17,14 +17,15 @@ pub(crate) struct Appended {
 /// Binds entries as the seven parallel arrays the run-path functions unnest, in request order.
 pub(crate) fn bind_entries<'q, O>(
     query: QueryAs<'q, Postgres, O, PgArguments>,
-    entries: &'q [NewEntry],
+    entries: impl Iterator<Item = &'q NewEntry> + Clone,
 ) -> QueryAs<'q, Postgres, O, PgArguments> {
-    let column = |f: fn(&'q NewEntry) -> Option<&'q str>| entries.iter().map(f).collect::<Vec<_>>();
+    let column =
+        |f: fn(&'q NewEntry) -> Option<&'q str>| entries.clone().map(f).collect::<Vec<_>>();
     query
         .bind(column(|e| Some(e.key.as_str())))
         .bind(column(|e| Some(e.role.as_str())))
         .bind(column(|e| Some(e.content.as_str())))
-        .bind(entries.iter().map(|e| e.run_id).collect::<Vec<_>>())
+        .bind(entries.clone().map(|e| e.run_id).collect::<Vec<_>>())
         .bind(column(|e| e.tool_call_id.as_deref()))
         .bind(column(|e| e.tool_name.as_deref()))
         .bind(column(|e| e.data.as_deref()))
@@ -40,7 +41,9 @@ pub(crate) async fn append_on<'e, E: sqlx::PgExecutor<'e>>(
     let query = sqlx::query_as::<_, Appended>(include_str!("queries/append_entries.sql"))
         .bind(session_id)
         .bind(epoch);
-    bind_entries(query, entries).fetch_one(executor).await
+    bind_entries(query, entries.iter())
+        .fetch_one(executor)
+        .await
 }
 
 impl Store {

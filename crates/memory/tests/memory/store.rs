@@ -676,7 +676,7 @@ async fn enqueues_and_run_ends_of_many_sessions_share_batches_and_each_gets_its_
         ];
         async move {
             store
-                .finish_run_and_release(id, epoch, &run, &entries, true)
+                .finish_run_and_release(id, epoch, run, entries, true)
                 .await
         }
     });
