@@ -6,6 +6,7 @@ use futures::StreamExt as _;
 use serde_json::json;
 use sqlx::Row as _;
 
+use agentloop_bus::{StreamKind, stream_name};
 use agentloop_proto::v1::OutboundMessage;
 
 use crate::harness::{Sandbox, SandboxOptions, collect_run_events, next_reply};
@@ -408,5 +409,57 @@ async fn a_message_sent_as_the_previous_run_ends_never_waits_for_the_sweeper() {
         let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
         assert_eq!(answer["text"], format!("echo: m{i}"));
     }
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Messages held by the work-queue streams (acknowledged ones are deleted).
+async fn held(sandbox: &Sandbox) -> Vec<(String, u64)> {
+    let js = async_nats::jetstream::new(sandbox.client.clone());
+    let mut held = Vec::new();
+    for kind in [StreamKind::Inbound, StreamKind::Runs, StreamKind::Outbound] {
+        let name = stream_name(&sandbox.prefix, kind);
+        let mut stream = js.get_stream(&name).await.unwrap();
+        held.push((name, stream.info().await.unwrap().state.messages));
+    }
+    held
+}
+
+#[tokio::test]
+async fn acks_are_gathered_and_a_stopping_service_sends_the_ones_it_holds() {
+    // Long enough that only the stop can send them within this test.
+    let mut sandbox = Sandbox::start_with(SandboxOptions {
+        ack_gather_ms: Some(30_000),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    sandbox
+        .publish_json("cli", json!({"sessionKey": "s:acks", "text": "hi"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_reply(&mut replies, WAIT).await.unwrap().text,
+        "echo: hi"
+    );
+    let upper = sandbox.prefix.to_uppercase();
+    let before = held(&sandbox).await;
+    assert!(
+        before.contains(&(format!("{upper}_INBOUND"), 1))
+            && before.contains(&(format!("{upper}_OUTBOUND"), 1)),
+        "the routed and the delivered message are held until their acks go out: {before:?}"
+    );
+
+    let stopping = std::time::Instant::now();
+    sandbox.stop_services().await.unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(15),
+        "a stop waited out the gather interval"
+    );
+    let after = held(&sandbox).await;
+    assert!(
+        after.iter().all(|(_, messages)| *messages == 0),
+        "acks held at the stop were not sent: {after:?}"
+    );
     sandbox.shutdown().await.unwrap();
 }

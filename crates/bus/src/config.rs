@@ -26,6 +26,9 @@ pub struct BusConfig {
     pub duplicate_window_secs: u64,
     /// How long a consumer waits for an ack before redelivering.
     pub ack_wait_ms: u64,
+    /// How long the router and delivery gather acks of handled messages before sending them
+    /// together (see [`crate::Acks`]); kept well below `ack_wait_ms`.
+    pub ack_gather_ms: u64,
     /// Deliveries before a message is given up on.
     pub max_deliver: i64,
     /// Unacknowledged messages a durable consumer hands out at once.
@@ -46,8 +49,18 @@ impl Default for BusConfig {
             dlq_max_age_secs: 14 * 24 * 3600,
             duplicate_window_secs: 120,
             ack_wait_ms: 30_000,
+            ack_gather_ms: 20,
             max_deliver: 10,
             max_ack_pending: 1024,
         }
+    }
+}
+
+impl BusConfig {
+    /// How long acks are gathered: `ack_gather_ms`, capped at a tenth of `ack_wait_ms` so that a
+    /// gathered ack never arrives after the server has given the message to someone else.
+    #[must_use]
+    pub fn ack_gather(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ack_gather_ms.min(self.ack_wait_ms / 10))
     }
 }

@@ -2,11 +2,13 @@
 //! (idempotent, checked against the server), the protobuf/JSON codec on the wire with
 //! `traceparent` headers, and dead-lettering of anything that cannot be processed.
 
+mod acks;
 mod config;
 mod consume;
 mod error;
 mod subjects;
 
+pub use acks::Acks;
 pub use config::BusConfig;
 pub use consume::Deliveries;
 pub use error::BusError;

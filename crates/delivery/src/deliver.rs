@@ -32,6 +32,8 @@ struct Ctx {
     delivered: Counter,
     suppressed: Counter,
     dead_lettered: Counter,
+    /// Acks of handled messages, sent in batches.
+    acks: agentloop_bus::Acks,
 }
 
 pub(crate) async fn serve(
@@ -46,8 +48,10 @@ pub(crate) async fn serve(
     let mut messages = bus
         .deliveries(StreamKind::Outbound, &config.delivery.consumer)
         .await?;
+    let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
     let ctx = Arc::new(Ctx {
         bus,
+        acks,
         recent: std::sync::Mutex::new(Recent::default()),
         captured: std::sync::Mutex::new(std::collections::HashMap::new()),
         max_deliver: config.bus.max_deliver,
@@ -82,6 +86,9 @@ pub(crate) async fn serve(
     ready.set(false);
     tracker.close();
     tracker.wait().await;
+    // The last handle to the acks: the delivered messages' acks are sent before delivery stops.
+    drop(ctx);
+    let _ = acks_sent.await;
     Ok(())
 }
 
@@ -105,7 +112,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
             && ctx.recent.lock().is_ok_and(|recent| recent.contains(key))
         {
             tracing::info!("reply already delivered by this replica, redelivery absorbed");
-            let _ = msg.ack().await;
+            ctx.acks.ack(msg);
             return;
         }
         match deliver(ctx, &outbound).await {
@@ -117,7 +124,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
                 {
                     recent.insert(key);
                 }
-                let _ = msg.ack().await;
+                ctx.acks.ack(msg);
             }
             Err(reason) => {
                 let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);

@@ -35,6 +35,8 @@ struct Ctx {
     config: RouterConfig,
     routed: Counter,
     retried: Counter,
+    /// Acks of routed messages, sent in batches.
+    acks: agentloop_bus::Acks,
     /// Sessions resolved lately, per lane (a session always lands in the same lane).
     cache: std::collections::HashMap<String, (std::time::Instant, Session)>,
 }
@@ -65,8 +67,10 @@ pub(crate) async fn serve(
     let mut messages = bus
         .deliveries(StreamKind::Inbound, &config.router.consumer)
         .await?;
+    let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
     let ctx = Ctx {
         bus: bus.clone(),
+        acks,
         sessions: SessionServiceClient::new(channel),
         routed: health.counter("agentloop_router_routed_total", "Run commands published."),
         cache: std::collections::HashMap::new(),
@@ -116,6 +120,10 @@ pub(crate) async fn serve(
     drop(lanes);
     tracker.close();
     tracker.wait().await;
+    // The lanes' clones went with them; this one goes now, and the routed messages' acks are
+    // sent before the router stops.
+    drop(ctx);
+    let _ = acks_sent.await;
     Ok(())
 }
 
@@ -185,9 +193,9 @@ async fn route_one(ctx: &mut Ctx, routed: Routed) {
     match result {
         Ok(()) => {
             ctx.routed.inc();
-            if let Err(err) = msg.ack().await {
-                tracing::warn!(error = %err, "failed to ack inbound; it will be redelivered and deduplicated");
-            }
+            // A redelivery after a crash before this ack is deduplicated by the RunCommand's
+            // message id and by the inbox's idempotency key.
+            ctx.acks.ack(msg);
         }
         Err(err) => {
             ctx.retried.inc();

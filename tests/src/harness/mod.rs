@@ -23,6 +23,8 @@ pub struct SandboxOptions {
     pub extensions: agentloop_agent_runner::Extensions,
     /// Runner replicas (owner ids `runner-0`, `runner-1`, ...); 0 means one.
     pub runners: usize,
+    /// Overrides `bus.ack_gather_ms`; the ack wait (5 s) grows to ten times it when needed.
+    pub ack_gather_ms: Option<u64>,
 }
 
 /// A running stack.
@@ -80,6 +82,10 @@ impl Sandbox {
             ..Default::default()
         };
         bus.ack_wait_ms = 5_000;
+        if let Some(gather) = options.ack_gather_ms {
+            bus.ack_gather_ms = gather;
+            bus.ack_wait_ms = bus.ack_wait_ms.max(gather * 10);
+        }
 
         let mut memory_config = agentloop_memory::MemoryConfig::default();
         memory_config.memory.listen = "127.0.0.1:0".to_owned();
@@ -293,18 +299,25 @@ impl Sandbox {
         handle.shutdown().await
     }
 
-    pub async fn shutdown(self) -> anyhow::Result<()> {
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.stop_services().await?;
+        self.fake.shutdown().await;
+        Ok(())
+    }
+
+    /// Stops every service as a deployment would (SIGTERM), leaving NATS, Postgres and the fake
+    /// model up so a test can see what the services left behind.
+    pub async fn stop_services(&mut self) -> anyhow::Result<()> {
         // Stop in reverse start order so nothing is left waiting on a stopped dependency.
-        if let Some(gateway) = self.gateway {
+        if let Some(gateway) = self.gateway.take() {
             gateway.shutdown().await?;
         }
-        for (_, runner) in self.runners {
+        for (_, runner) in std::mem::take(&mut self.runners) {
             runner.shutdown().await?;
         }
-        for service in self.services.into_iter().rev() {
+        for service in std::mem::take(&mut self.services).into_iter().rev() {
             service.shutdown().await?;
         }
-        self.fake.shutdown().await;
         Ok(())
     }
 }

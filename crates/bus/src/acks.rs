@@ -1,0 +1,76 @@
+//! Acknowledgements of handled messages, held for a moment and sent together.
+//!
+//! A work-queue stream deletes a message when it is acknowledged, and nats-server's file store
+//! removes a message block that the delete empties and creates a new one for the next message:
+//! acked one by one as a session sends in turn, every message cost the server a file created
+//! and a file deleted. Acks gathered for a few milliseconds leave the block holding the next
+//! messages, and their server work happens after the reply instead of beside it. Nobody waits
+//! for these acks: a service that crashes first has its messages redelivered, which every
+//! consumer here absorbs (idempotency keys, message ids, delivered-reply keys).
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Sends acknowledgements in batches. Cheap to clone; the sending task ends once every clone
+/// is dropped, after it has acknowledged everything it was given.
+#[derive(Clone, Debug)]
+pub struct Acks {
+    tx: mpsc::UnboundedSender<jetstream::Message>,
+}
+
+impl Acks {
+    /// Starts the sending task; await its handle after dropping every clone so that a service
+    /// stops only once its acks are out.
+    #[must_use]
+    pub fn start(gather: Duration) -> (Self, JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self { tx }, tokio::spawn(send(rx, gather)))
+    }
+
+    /// Acknowledges `msg` within the gather interval.
+    pub fn ack(&self, msg: jetstream::Message) {
+        if let Err(mpsc::error::SendError(msg)) = self.tx.send(msg) {
+            // The task has ended (the runtime is shutting down): ack directly, best effort.
+            tokio::spawn(async move { ack(&msg).await });
+        }
+    }
+}
+
+async fn send(mut rx: mpsc::UnboundedReceiver<jetstream::Message>, gather: Duration) {
+    let mut batch = Vec::new();
+    let mut open = true;
+    while open {
+        let Some(first) = rx.recv().await else {
+            break;
+        };
+        batch.push(first);
+        // Gathers until the interval is over or the last handle is gone (the service stops and
+        // must not wait out the interval).
+        let until = tokio::time::Instant::now() + gather;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => break,
+                next = rx.recv() => match next {
+                    Some(msg) => batch.push(msg),
+                    None => {
+                        open = false;
+                        break;
+                    }
+                },
+            }
+        }
+        for msg in batch.drain(..) {
+            ack(&msg).await;
+        }
+    }
+}
+
+async fn ack(msg: &jetstream::Message) {
+    if let Err(err) = msg.ack().await {
+        // The server redelivers it after the ack wait, and the consumer absorbs the repeat.
+        tracing::warn!(subject = %msg.subject, error = %err, "failed to ack; the message will be redelivered");
+    }
+}
