@@ -12,7 +12,8 @@
 #   install). Installs Node 24 and OpenClaw with npm into .bench-peers/ (reused when present;
 #   BENCH_PEERS_DIR overrides) and replaces its own section of bench/RESULTS.md.
 # Environment: BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432), BENCH_RUST_LOG
-# (services' RUST_LOG, default info), BENCH_PEERS_DIR (default .bench-peers).
+# (services' RUST_LOG, default info), BENCH_PEERS_DIR (default .bench-peers),
+# BENCH_NATS_GOMAXPROCS (nats-server's GOMAXPROCS, default 1).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$REPO_ROOT"

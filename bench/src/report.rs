@@ -268,11 +268,12 @@ impl Report {
         let _ = writeln!(
             s,
             "Produced by `./scripts/bench.sh{}` (the `agentloop-bench` binary). Each service runs as its own \
-             process from `target/release`, against a private nats-server (JetStream, file store in a temp dir), \
+             process from `target/release`, against a private nats-server (JetStream, file store in a temp dir, `GOMAXPROCS={}`), \
              a fresh Postgres database and the fake model answering at once (`echo: <text>`, streamed in word chunks). \
              The load client publishes protobuf InboundMessages on `agentloop.inbound.cli` through JetStream \
              and waits for the JSON reply on `agentloop.deliver.cli.<session>`; sessions send in turn (closed loop).\n",
-            if self.mode == "quick" { " --quick" } else { "" }
+            if self.mode == "quick" { " --quick" } else { "" },
+            std::env::var("BENCH_NATS_GOMAXPROCS").unwrap_or_else(|_| "1".to_owned())
         );
         let _ = writeln!(s, "- date: {}", self.date);
         let _ = writeln!(s, "- commit: {}", self.commit);

@@ -108,6 +108,13 @@ impl Stack {
             "-sd",
         ])
         .arg(&store);
+        // One Go scheduler thread: on two cores shared with eight other processes, a second one
+        // only added handoffs between threads (A/B in bench/HISTORY.md). BENCH_NATS_GOMAXPROCS
+        // overrides it.
+        nats.env(
+            "GOMAXPROCS",
+            std::env::var("BENCH_NATS_GOMAXPROCS").unwrap_or_else(|_| "1".to_owned()),
+        );
         self.spawn("nats-server", nats, None)?;
         wait_tcp(loopback(nats_port), Duration::from_secs(15)).await?;
 
