@@ -771,3 +771,215 @@ async fn a_call_postgres_rejects_fails_alone_and_the_rest_of_its_batch_stands(po
         .unwrap();
     assert_eq!(stored, 7, "every input but the refused one is stored, once");
 }
+
+/// One item of a direct `agentloop_finish_many` call.
+struct FinishItem {
+    session: Uuid,
+    epoch: i64,
+    run: Uuid,
+    seq: i64,
+    tokens: i64,
+    release: bool,
+    entries: Vec<&'static str>,
+}
+
+/// Calls `agentloop_finish_many` with `items` as given and returns (held, found, finished,
+/// released) per item, in item order.
+async fn finish_many(pool: &PgPool, items: &[FinishItem]) -> Vec<(bool, bool, bool, bool)> {
+    let col = |f: &dyn Fn(&FinishItem) -> Option<String>| items.iter().map(f).collect::<Vec<_>>();
+    let mut ends = Vec::new();
+    let mut end = 0_i32;
+    for item in items {
+        end += item.entries.len() as i32;
+        ends.push(end);
+    }
+    let keys: Vec<String> = items
+        .iter()
+        .flat_map(|i| i.entries.iter().map(|k| (*k).to_owned()))
+        .collect();
+    let runs_of_entries: Vec<Uuid> = items
+        .iter()
+        .flat_map(|i| i.entries.iter().map(|_| i.run))
+        .collect();
+    let none = vec![None::<String>; keys.len()];
+    let rows: Vec<(i32, bool, bool, bool, bool)> = sqlx::query_as(
+        "SELECT idx, held, run_found, finished, released FROM agentloop_finish_many($1, $2, $3, \
+         $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
+         ORDER BY idx",
+    )
+    .bind(items.iter().map(|i| i.session).collect::<Vec<_>>())
+    .bind(items.iter().map(|i| i.epoch).collect::<Vec<_>>())
+    .bind(items.iter().map(|i| i.run).collect::<Vec<_>>())
+    .bind(items.iter().map(|i| i.seq).collect::<Vec<_>>())
+    .bind(col(&|_| Some("completed".to_owned())))
+    .bind(col(&|_| None))
+    .bind(col(&|_| Some("fake/model".to_owned())))
+    .bind(items.iter().map(|i| i.tokens).collect::<Vec<_>>())
+    .bind(items.iter().map(|i| i.tokens * 2).collect::<Vec<_>>())
+    .bind(col(&|_| Some("fake".to_owned())))
+    .bind(col(&|_| None))
+    .bind(items.iter().map(|i| i.release).collect::<Vec<_>>())
+    .bind(ends)
+    .bind(&keys)
+    .bind(keys.iter().map(|_| "user").collect::<Vec<_>>())
+    .bind(
+        keys.iter()
+            .map(|k| format!("content of {k}"))
+            .collect::<Vec<_>>(),
+    )
+    .bind(runs_of_entries)
+    .bind(&none)
+    .bind(&none)
+    .bind(&none)
+    .fetch_all(pool)
+    .await
+    .expect("agentloop_finish_many answers");
+    assert_eq!(rows.len(), items.len(), "one row per item");
+    rows.into_iter()
+        .enumerate()
+        .map(|(at, (idx, held, found, finished, released))| {
+            assert_eq!(idx as usize, at + 1, "rows come back by item");
+            (held, found, finished, released)
+        })
+        .collect()
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_batch_of_run_ends_answers_and_writes_for_each_item_what_it_would_alone(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let mut started = Vec::new();
+    for i in 0..6 {
+        let session = store
+            .resolve_session(&format!("finish-many-{i}"), "main", None)
+            .await
+            .unwrap();
+        let (_, claim, took) = store
+            .enqueue_claim_take(
+                session.id,
+                &format!("in-{i}"),
+                InboxKind::User,
+                b"x",
+                "runner-a",
+                LONG_TTL,
+                Some(HistoryAsk {
+                    limit: 0,
+                    after_seq: 0,
+                }),
+            )
+            .await
+            .unwrap();
+        let took = took
+            .expect("asked to take")
+            .0
+            .expect("its input was pending");
+        started.push((session.id, claim.epoch, took.run.id, took.item.seq));
+    }
+    // Session 1 gets a second input while its run is on; session 3's run already ended once
+    // (lease kept), so the batch carries a retry of it.
+    store
+        .enqueue(started[1].0, "in-1-second", InboxKind::User, b"y")
+        .await
+        .unwrap();
+    let (s3, e3, r3, q3) = started[3];
+    let first_end = store
+        .finish_run_and_release(s3, e3, outcome(r3, q3, 1), Vec::new(), false)
+        .await
+        .unwrap();
+    assert!(first_end.finished && !first_end.released);
+
+    let item = |i: usize, entries: Vec<&'static str>| FinishItem {
+        session: started[i].0,
+        epoch: started[i].1,
+        run: started[i].2,
+        seq: started[i].3,
+        tokens: 5,
+        release: true,
+        entries,
+    };
+    let items = vec![
+        item(0, vec!["u-0", "a-0"]),
+        item(1, vec!["a-1"]),
+        // A stale epoch: fenced off, nothing written.
+        FinishItem {
+            epoch: started[2].1 - 1,
+            ..item(2, vec!["a-2"])
+        },
+        item(3, Vec::new()),
+        // Not this session's run: held, so its entry is kept, but nothing else happens.
+        FinishItem {
+            run: Uuid::now_v7(),
+            ..item(4, vec!["a-4"])
+        },
+        FinishItem {
+            release: false,
+            ..item(5, vec!["u-5", "a-5"])
+        },
+    ];
+    let answers = finish_many(&pool, &items).await;
+    assert_eq!(
+        answers,
+        vec![
+            (true, true, true, true),
+            (true, true, true, false),
+            (false, false, false, false),
+            (true, true, false, true),
+            (true, false, false, false),
+            (true, true, true, false),
+        ],
+        "(held, found, finished, released) per item"
+    );
+
+    for (i, &(session, _, run, _)) in started.iter().enumerate() {
+        let entries: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM transcript_entries WHERE session_id = $1")
+                .bind(session)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let status: String = sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM session_inbox WHERE session_id = $1 AND consumed_at IS NULL",
+        )
+        .bind(session)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let (owner, input_tokens): (Option<String>, i64) =
+            sqlx::query_as("SELECT lease_owner, input_tokens FROM sessions WHERE id = $1")
+                .bind(session)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let expected = match i {
+            0 => (2, "completed", 0, None, 5),
+            1 => (1, "completed", 1, Some("runner-a"), 5),
+            2 => (0, "running", 1, Some("runner-a"), 0),
+            // Counted once, by its first end.
+            3 => (0, "completed", 0, None, 1),
+            4 => (1, "running", 1, Some("runner-a"), 0),
+            _ => (2, "completed", 0, Some("runner-a"), 5),
+        };
+        assert_eq!(
+            (
+                entries,
+                status.as_str(),
+                pending,
+                owner.as_deref(),
+                input_tokens
+            ),
+            expected,
+            "session {i}: entries, run status, pending inputs, lease owner, input tokens"
+        );
+    }
+
+    // One session twice in a batch: the second item sees the first one's release.
+    let twice = vec![item(5, Vec::new()), item(5, Vec::new())];
+    assert_eq!(
+        finish_many(&pool, &twice).await,
+        vec![(true, true, false, true), (false, false, false, false)]
+    );
+}
