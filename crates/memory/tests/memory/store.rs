@@ -983,3 +983,248 @@ async fn a_batch_of_run_ends_answers_and_writes_for_each_item_what_it_would_alon
         vec![(true, true, false, true), (false, false, false, false)]
     );
 }
+
+/// One item of a direct enqueue-batch call.
+struct EnqueueItem {
+    session: Uuid,
+    key: &'static str,
+    kind: &'static str,
+    payload: &'static [u8],
+    owner: Option<&'static str>,
+    take: bool,
+}
+
+/// What an enqueue-batch item answered, in the terms the scenario checks.
+#[derive(Debug, PartialEq)]
+struct EnqueueAnswer {
+    found: bool,
+    inserted: Option<bool>,
+    claimed: Option<bool>,
+    owner: Option<String>,
+    taken_key: Option<String>,
+    taken_payload: Option<Vec<u8>>,
+    attempts: Option<i32>,
+    history: Option<usize>,
+    delta: Option<bool>,
+}
+
+async fn enqueue_batch(pool: &PgPool, function: &str, items: &[EnqueueItem]) -> Vec<EnqueueAnswer> {
+    use sqlx::Row as _;
+    let sql = format!("SELECT * FROM {function}($1, $2, $3, $4, $5, $6, $7, $8) ORDER BY idx");
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(items.iter().map(|i| i.session).collect::<Vec<_>>())
+        .bind(items.iter().map(|i| i.key).collect::<Vec<_>>())
+        .bind(items.iter().map(|i| i.kind).collect::<Vec<_>>())
+        .bind(items.iter().map(|i| i.payload.to_vec()).collect::<Vec<_>>())
+        .bind(items.iter().map(|i| i.owner).collect::<Vec<_>>())
+        .bind(items.iter().map(|_| 60_000_i64).collect::<Vec<_>>())
+        .bind(
+            items
+                .iter()
+                .map(|i| i.take.then_some(10_i64))
+                .collect::<Vec<_>>(),
+        )
+        .bind(items.iter().map(|_| 0_i64).collect::<Vec<_>>())
+        .fetch_all(pool)
+        .await
+        .expect("the enqueue batch answers");
+    assert_eq!(rows.len(), items.len(), "one row per item");
+    rows.iter()
+        .enumerate()
+        .map(|(at, row)| {
+            assert_eq!(
+                row.get::<i32, _>("idx") as usize,
+                at + 1,
+                "rows come back by item"
+            );
+            EnqueueAnswer {
+                found: row.get("session_found"),
+                inserted: row.get("inserted"),
+                claimed: row.get("claimed"),
+                owner: row.get("owner"),
+                taken_key: row.get("taken_key"),
+                taken_payload: row.get("taken_payload"),
+                attempts: row.get("run_attempts"),
+                history: row
+                    .get::<Option<Vec<i64>>, _>("h_seq")
+                    .map(|seqs| seqs.len()),
+                delta: row.get("h_delta"),
+            }
+        })
+        .collect()
+}
+
+/// Builds one scenario under `prefix` and runs it through `function`: every kind of item an
+/// enqueue batch can carry, each in its own session.
+async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<EnqueueAnswer> {
+    let store = Store::new(pool.clone());
+    let mut ids = Vec::new();
+    for i in 1..=8 {
+        let session = store
+            .resolve_session(&format!("{prefix}-{i}"), "main", None)
+            .await
+            .unwrap();
+        ids.push(session.id);
+    }
+    let take = Some(HistoryAsk {
+        limit: 0,
+        after_seq: 0,
+    });
+    // Session 2 has one exchange in its transcript.
+    let (_, claim, took) = store
+        .enqueue_claim_take(
+            ids[1],
+            "old",
+            InboxKind::User,
+            b"o",
+            "runner-a",
+            LONG_TTL,
+            take,
+        )
+        .await
+        .unwrap();
+    let took = took.unwrap().0.unwrap();
+    let entries = vec![entry("old-u", "question"), entry("old-a", "answer")];
+    let ended = store
+        .finish_run_and_release(
+            ids[1],
+            claim.epoch,
+            outcome(took.run.id, took.item.seq, 1),
+            entries,
+            true,
+        )
+        .await
+        .unwrap();
+    assert!(ended.released);
+    // Session 3 is held by another runner.
+    store
+        .claim_session(ids[2], "runner-b", LONG_TTL)
+        .await
+        .unwrap();
+    // Session 5 already has the batch's key pending; sessions 6 and 7 have an older input.
+    store
+        .enqueue(ids[4], "same", InboxKind::User, b"stored first")
+        .await
+        .unwrap();
+    store
+        .enqueue(ids[5], "older", InboxKind::User, b"older")
+        .await
+        .unwrap();
+    store
+        .enqueue(ids[6], "older", InboxKind::User, b"older")
+        .await
+        .unwrap();
+    // Session 8's run was taken under a lease that has expired since.
+    store
+        .enqueue_claim_take(
+            ids[7],
+            "interrupted",
+            InboxKind::User,
+            b"i",
+            "runner-b",
+            Duration::from_millis(1),
+            take,
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let item = |session: Uuid, key: &'static str| EnqueueItem {
+        session,
+        key,
+        kind: "user",
+        payload: b"new",
+        owner: Some("runner-a"),
+        take: true,
+    };
+    let items = vec![
+        item(Uuid::now_v7(), "nobody"),
+        item(ids[0], "fresh"),
+        item(ids[1], "again"),
+        item(ids[2], "held"),
+        EnqueueItem {
+            owner: None,
+            ..item(ids[3], "plain")
+        },
+        item(ids[4], "same"),
+        item(ids[5], "newer"),
+        EnqueueItem {
+            kind: "interrupt",
+            ..item(ids[6], "stop")
+        },
+        EnqueueItem {
+            owner: None,
+            take: false,
+            ..item(ids[7], "after")
+        },
+    ];
+    let mut answers = enqueue_batch(pool, function, &items).await;
+    // Session 8 again, now asking to take: the interrupted run resumes.
+    answers.extend(enqueue_batch(pool, function, &[item(ids[7], "after")]).await);
+    answers
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_batch_of_enqueues_answers_each_item_as_the_one_by_one_loop_does(pool: PgPool) {
+    let answer = |found, inserted, claimed, owner: Option<&str>| EnqueueAnswer {
+        found,
+        inserted,
+        claimed,
+        owner: owner.map(str::to_owned),
+        taken_key: None,
+        taken_payload: None,
+        attempts: None,
+        history: None,
+        delta: None,
+    };
+    let took = |key: &str, payload: &[u8], attempts, history, delta| EnqueueAnswer {
+        taken_key: Some(key.to_owned()),
+        taken_payload: Some(payload.to_vec()),
+        attempts: Some(attempts),
+        history,
+        delta,
+        ..answer(true, None, Some(true), Some("runner-a"))
+    };
+    let expected = vec![
+        answer(false, None, None, None),
+        EnqueueAnswer {
+            inserted: Some(true),
+            ..took("fresh", b"new", 1, None, Some(false))
+        },
+        EnqueueAnswer {
+            inserted: Some(true),
+            ..took("again", b"new", 1, Some(2), Some(false))
+        },
+        answer(true, Some(true), Some(false), Some("runner-b")),
+        answer(true, Some(true), Some(false), None),
+        // The stored input is taken, with its own payload.
+        EnqueueAnswer {
+            inserted: Some(false),
+            ..took("same", b"stored first", 1, None, Some(false))
+        },
+        EnqueueAnswer {
+            inserted: Some(true),
+            ..took("older", b"older", 1, None, Some(false))
+        },
+        EnqueueAnswer {
+            inserted: Some(true),
+            ..took("stop", b"new", 1, None, Some(false))
+        },
+        // The expired lease is reported as it stands; nobody asked to claim it.
+        answer(true, Some(true), Some(false), Some("runner-b")),
+        // Its key is stored already; the claim resumes the interrupted run, oldest first.
+        EnqueueAnswer {
+            inserted: Some(false),
+            ..took("interrupted", b"i", 2, None, Some(false))
+        },
+    ];
+    for (function, prefix) in [
+        ("agentloop_enqueue_many", "set"),
+        ("agentloop_enqueue_each", "loop"),
+    ] {
+        let answers = enqueue_scenario(&pool, function, prefix).await;
+        for (i, (got, want)) in answers.iter().zip(&expected).enumerate() {
+            assert_eq!(got, want, "{function}, item {i}");
+        }
+    }
+}
