@@ -1063,7 +1063,7 @@ async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<En
         let session = store
             .resolve_session(&format!("{prefix}-{i}"), "main", None)
             .await
-            .unwrap();
+            .expect("the scenario's setup succeeds");
         ids.push(session.id);
     }
     let take = Some(HistoryAsk {
@@ -1082,8 +1082,11 @@ async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<En
             take,
         )
         .await
-        .unwrap();
-    let took = took.unwrap().0.unwrap();
+        .expect("the scenario's setup succeeds");
+    let took = took
+        .expect("asked to take")
+        .0
+        .expect("its input was pending");
     let entries = vec![entry("old-u", "question"), entry("old-a", "answer")];
     let ended = store
         .finish_run_and_release(
@@ -1094,26 +1097,26 @@ async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<En
             true,
         )
         .await
-        .unwrap();
+        .expect("the scenario's setup succeeds");
     assert!(ended.released);
     // Session 3 is held by another runner.
     store
         .claim_session(ids[2], "runner-b", LONG_TTL)
         .await
-        .unwrap();
+        .expect("the scenario's setup succeeds");
     // Session 5 already has the batch's key pending; sessions 6 and 7 have an older input.
     store
         .enqueue(ids[4], "same", InboxKind::User, b"stored first")
         .await
-        .unwrap();
+        .expect("the scenario's setup succeeds");
     store
         .enqueue(ids[5], "older", InboxKind::User, b"older")
         .await
-        .unwrap();
+        .expect("the scenario's setup succeeds");
     store
         .enqueue(ids[6], "older", InboxKind::User, b"older")
         .await
-        .unwrap();
+        .expect("the scenario's setup succeeds");
     // Session 8's run was taken under a lease that has expired since.
     store
         .enqueue_claim_take(
@@ -1126,7 +1129,7 @@ async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<En
             take,
         )
         .await
-        .unwrap();
+        .expect("the scenario's setup succeeds");
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let item = |session: Uuid, key: &'static str| EnqueueItem {
