@@ -21,6 +21,7 @@
 mod anthropic;
 mod openai;
 mod plan;
+mod request;
 mod state;
 mod wire;
 
@@ -284,69 +285,58 @@ async fn handle(
         Protocol::OpenAi => "/v1/chat/completions",
         Protocol::Anthropic => "/v1/messages",
     };
-    let parsed: Result<Value, _> = serde_json::from_slice(&body);
+    let parsed = request::Request::parse(&body);
     let authorized = is_authorized(state.api_key(), protocol, &headers);
     let plan = match &parsed {
-        Ok(json) if authorized => {
+        Ok(request) if authorized => {
             let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
             let key = match protocol {
                 Protocol::OpenAi => header("authorization").and_then(|v| v.strip_prefix("Bearer ")),
                 Protocol::Anthropic => header("x-api-key"),
             };
             let thinking = match protocol {
-                Protocol::OpenAi => json
-                    .get("reasoning_effort")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-                Protocol::Anthropic => json
-                    .pointer("/thinking/budget_tokens")
-                    .and_then(Value::as_u64)
-                    .map(|b| {
-                        match b {
-                            0..=1024 => "low",
-                            1025..=4096 => "medium",
-                            _ => "high",
-                        }
-                        .to_owned()
-                    }),
+                Protocol::OpenAi => request.reasoning_effort(),
+                Protocol::Anthropic => request.thinking_budget().map(|b| {
+                    match b {
+                        0..=1024 => "low",
+                        1025..=4096 => "medium",
+                        _ => "high",
+                    }
+                    .to_owned()
+                }),
             };
-            let model = json.get("model").and_then(Value::as_str);
+            let model = request.model();
             // Knob failures come first so they never use up a scripted reply.
-            match state.knob_failure(key, model, thinking.as_deref()) {
+            match state.knob_failure(key, model.as_deref(), thinking.as_deref()) {
                 Some(failure) => Some(plan::Plan::failed(failure)),
-                None => Some(plan::plan(state, protocol, json)),
+                None => Some(plan::plan(state, protocol, &request.messages())),
             }
         }
         _ => None,
     };
-    let json = parsed.as_ref().ok();
+    let request = parsed.as_ref().ok();
     let ctx = ReplyContext {
         id: state.next_id(),
-        model: json
-            .and_then(|b| b.get("model"))
-            .and_then(Value::as_str)
-            .unwrap_or("fake-model")
-            .to_owned(),
+        model: request
+            .and_then(request::Request::model)
+            .unwrap_or_else(|| "fake-model".to_owned()),
         input_tokens: (body.len() / 4).max(1) as u64,
-        include_usage: json
-            .and_then(|b| b.pointer("/stream_options/include_usage"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        include_usage: request.is_some_and(request::Request::include_usage),
     };
-    let stream = json
-        .and_then(|b| b.get("stream"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    state.record(RecordedRequest {
-        path: path.to_owned(),
-        body: parsed.unwrap_or(Value::Null),
-        headers: headers
-            .iter()
-            .filter_map(|(name, value)| {
-                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-            })
-            .collect(),
-    });
+    let stream = request.is_some_and(request::Request::stream);
+    if state.recording() {
+        state.record(RecordedRequest {
+            path: path.to_owned(),
+            // Parsed in full only when kept.
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            headers: headers
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+                })
+                .collect(),
+        });
+    }
     let Some(plan) = plan else {
         return match (protocol, authorized) {
             (Protocol::OpenAi, false) => openai::error(Failure::Auth),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::request::Message;
 use crate::state::{Failure, FakeModelState, ScriptedReply};
 
 /// Which wire protocol a request came in on.
@@ -51,7 +52,7 @@ struct Directives {
     stripped: String,
 }
 
-pub(crate) fn plan(state: &FakeModelState, protocol: Protocol, body: &Value) -> Plan {
+pub(crate) fn plan(state: &FakeModelState, protocol: Protocol, messages: &[Message<'_>]) -> Plan {
     let default_chunk_delay = state.default_chunk_delay();
     if let Some(failure) = state.failure() {
         return Plan::failure(failure, default_chunk_delay);
@@ -59,7 +60,7 @@ pub(crate) fn plan(state: &FakeModelState, protocol: Protocol, body: &Value) -> 
     if let Some(reply) = state.pop_script() {
         return Plan::from_script(reply, default_chunk_delay);
     }
-    let conversation = conversation(protocol, body);
+    let conversation = conversation(protocol, messages);
     let directives = parse_directives(&conversation.last_user_text);
     let mut plan = Plan {
         failure: directives.failure,
@@ -140,58 +141,62 @@ fn arguments_text(arguments: &Value) -> String {
     }
 }
 
-fn conversation(protocol: Protocol, body: &Value) -> Conversation {
+/// Reads the conversation from its end: the last user turn with text, and the tool results
+/// that came after it (in order). Only the messages from that turn on are parsed.
+fn conversation(protocol: Protocol, messages: &[Message<'_>]) -> Conversation {
     let mut conversation = Conversation::default();
-    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
-        return conversation;
-    };
-    for message in messages {
-        let role = message.get("role").and_then(Value::as_str).unwrap_or("");
-        let content = message.get("content").unwrap_or(&Value::Null);
-        match (protocol, role) {
-            (Protocol::OpenAi, "user") => {
-                let text = content_text(content);
+    // Collected newest first, reversed at the end.
+    let mut results: Vec<String> = Vec::new();
+    for message in messages.iter().rev() {
+        let read = message.is("user") || (protocol == Protocol::OpenAi && message.is("tool"));
+        if !read {
+            continue;
+        }
+        let content = message.content();
+        match protocol {
+            Protocol::OpenAi if message.is("tool") => results.push(content_text(&content)),
+            Protocol::OpenAi => {
+                let text = content_text(&content);
                 // Some clients (OpenClaw) append an internal context envelope as a user
                 // message after the real one; the echo is of what the person wrote.
                 if text.trim_start().starts_with("<<<BEGIN_") {
                     continue;
                 }
                 conversation.last_user_text = text;
-                conversation.tool_results.clear();
+                break;
             }
-            (Protocol::OpenAi, "tool") => conversation.tool_results.push(content_text(content)),
-            (Protocol::Anthropic, "user") => read_anthropic_user(content, &mut conversation),
-            _ => {}
-        }
-    }
-    conversation
-}
-
-fn read_anthropic_user(content: &Value, conversation: &mut Conversation) {
-    let Some(blocks) = content.as_array() else {
-        conversation.last_user_text = content_text(content);
-        conversation.tool_results.clear();
-        return;
-    };
-    let mut text = Vec::new();
-    for block in blocks {
-        match block.get("type").and_then(Value::as_str) {
-            Some("tool_result") => {
-                let result = content_text(block.get("content").unwrap_or(&Value::Null));
-                conversation.tool_results.push(result);
-            }
-            Some("text") => {
-                if let Some(t) = block.get("text").and_then(Value::as_str) {
-                    text.push(t);
+            Protocol::Anthropic => {
+                let Some(blocks) = content.as_array() else {
+                    conversation.last_user_text = content_text(&content);
+                    break;
+                };
+                let mut text = Vec::new();
+                let mut here = Vec::new();
+                for block in blocks {
+                    match block.get("type").and_then(Value::as_str) {
+                        Some("tool_result") => {
+                            here.push(content_text(block.get("content").unwrap_or(&Value::Null)));
+                        }
+                        Some("text") => {
+                            if let Some(t) = block.get("text").and_then(Value::as_str) {
+                                text.push(t);
+                            }
+                        }
+                        _ => {}
+                    }
                 }
+                if !text.is_empty() {
+                    // A turn with text starts the conversation over, its own results included.
+                    conversation.last_user_text = text.join("\n");
+                    break;
+                }
+                results.extend(here.into_iter().rev());
             }
-            _ => {}
         }
     }
-    if !text.is_empty() {
-        conversation.last_user_text = text.join("\n");
-        conversation.tool_results.clear();
-    }
+    results.reverse();
+    conversation.tool_results = results;
+    conversation
 }
 
 /// Returns the text of a message content: a string, or the text parts of an array.
@@ -312,8 +317,28 @@ mod tests {
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "one"},
                                          {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "two"}]}]}
         ]});
-        let c = conversation(Protocol::Anthropic, &body);
+        let body = body.to_string();
+        let request = crate::request::Request::parse(body.as_bytes()).unwrap();
+        let c = conversation(Protocol::Anthropic, &request.messages());
         assert_eq!(c.last_user_text, "go [[tool:a:{}]]");
         assert_eq!(c.tool_results, vec!["one", "two"]);
+    }
+
+    #[test]
+    fn openai_reads_the_last_user_turn_and_the_tool_results_after_it() {
+        let body = json!({"messages": [
+            {"role": "user", "content": "first"},
+            {"role": "tool", "content": "stale"},
+            {"role": "user", "content": [{"type": "text", "text": "second"}]},
+            {"role": "assistant", "content": null},
+            {"role": "tool", "content": "r1"},
+            {"role": "tool", "content": "r2"},
+            {"role": "user", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>> x"}
+        ]})
+        .to_string();
+        let request = crate::request::Request::parse(body.as_bytes()).unwrap();
+        let c = conversation(Protocol::OpenAi, &request.messages());
+        assert_eq!(c.last_user_text, "second");
+        assert_eq!(c.tool_results, vec!["r1", "r2"]);
     }
 }

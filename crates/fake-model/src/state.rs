@@ -263,6 +263,11 @@ impl FakeModelState {
         None
     }
 
+    /// Whether requests are kept for `/_fake/requests`.
+    pub(crate) fn recording(&self) -> bool {
+        self.inner.max_recorded_requests > 0
+    }
+
     pub(crate) fn record(&self, request: RecordedRequest) {
         if self.inner.max_recorded_requests == 0 {
             return;
