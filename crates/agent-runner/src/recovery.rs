@@ -107,16 +107,20 @@ impl RunCtx<'_> {
             let mut index = 0;
             while index < profiles.len() {
                 let profile = &profiles[index];
-                let request = ChatRequest {
+                // The conversation is lent to the request, not copied (it is the session's
+                // whole history), and comes back for the next turn, retry or compaction.
+                let mut request = ChatRequest {
                     model: model.clone(),
                     system: Some(cx.system.to_owned()),
-                    messages: cx.messages.clone(),
+                    messages: std::mem::take(cx.messages),
                     tools: cx.tools.to_vec(),
                     max_tokens: None,
                     thinking: thinking.clone(),
                     credential: profile.credential.clone(),
                 };
-                let err = match self.stream_turn(&request).await {
+                let streamed = self.stream_turn(&request).await;
+                *cx.messages = std::mem::take(&mut request.messages);
+                let err = match streamed {
                     Ok(answer) => {
                         if profile.tracked {
                             self.profile_succeeded(&provider, &profile.name).await;
