@@ -47,11 +47,13 @@ struct Options {
     soak: Option<usize>,
     /// `--sessions S` with `--soak`: sessions at once (default 100).
     soak_sessions: usize,
+    /// `--runners R` with `--soak`: runner processes (default 1).
+    soak_runners: usize,
 }
 
 const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N]]";
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R]]";
 
 fn parse_args() -> anyhow::Result<Options> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -76,6 +78,7 @@ fn parse_args() -> anyhow::Result<Options> {
         openclaw_dir: repo.join(".bench-peers/openclaw"),
         soak: None,
         soak_sessions: 100,
+        soak_runners: 1,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -97,6 +100,9 @@ fn parse_args() -> anyhow::Result<Options> {
             }
             "--sessions" => {
                 options.soak_sessions = value()?.parse().context("--sessions needs a count")?;
+            }
+            "--runners" => {
+                options.soak_runners = value()?.parse().context("--runners needs a count")?;
             }
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -131,7 +137,7 @@ async fn main() -> anyhow::Result<()> {
             if options.openclaw {
                 side_by_side(&mut stack, &options, &run_dir).await.map(|s| Output::SideBySide(Box::new(s)))
             } else if let Some(per) = options.soak {
-                soak(&mut stack, options.soak_sessions, per).await.map(Output::Soak)
+                soak(&mut stack, options.soak_sessions, options.soak_runners, per).await.map(Output::Soak)
             } else {
                 bench(&mut stack, &options).await.map(|r| Output::Report(Box::new(r)))
             }
@@ -246,8 +252,16 @@ async fn watched(
 }
 
 /// `--soak`: the warm-up, then `sessions` sessions × `per` messages, summarized in one line.
-async fn soak(stack: &mut Stack, sessions: usize, per: usize) -> anyhow::Result<String> {
+async fn soak(
+    stack: &mut Stack,
+    sessions: usize,
+    runners: usize,
+    per: usize,
+) -> anyhow::Result<String> {
     stack.start().await?;
+    for n in 2..=runners {
+        stack.add_runner(&format!("runner-{n}")).await?;
+    }
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(&stack.database_url)

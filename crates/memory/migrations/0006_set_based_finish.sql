@@ -26,12 +26,16 @@ CREATE FUNCTION agentloop_finish_many(p_sessions uuid[], p_epochs bigint[], p_ru
                                       p_data text[])
 RETURNS TABLE (idx int, held boolean, run_found boolean, finished boolean, released boolean)
 LANGUAGE plpgsql
--- A plan is cached per connection from the statistics of the moment: made while a table was
--- small, it scanned the whole table for every batch once the table had grown (14 ms a batch at
--- 20 000 runs, seen with auto_explain). Every statement here finds its rows by key.
-SET enable_seqscan = off
--- Planned once per connection: a custom plan per batch was a tenth of Postgres' time (perf).
+-- Planned once per connection (a custom plan per batch was a tenth of Postgres' time), so the
+-- plans must not depend on the statistics of the moment: a plan made while the tables were
+-- small kept scanning whole tables and indexes once they had grown (auto_explain: a full scan
+-- of sessions per batch after 10 000 sessions). Every statement here finds its rows by key,
+-- item by item, whatever the tables hold.
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     n int := coalesce(cardinality(p_sessions), 0);
@@ -153,3 +157,5 @@ $$;
 -- The flush's join to the inbox, planned while the inbox was small, scanned all of it on every
 -- flush (twenty a second under load) until the table grew past a few tens of thousands of rows.
 ALTER FUNCTION agentloop_flush(bigint[], text[]) SET enable_seqscan = off;
+ALTER FUNCTION agentloop_flush(bigint[], text[]) SET enable_hashjoin = off;
+ALTER FUNCTION agentloop_flush(bigint[], text[]) SET enable_mergejoin = off;

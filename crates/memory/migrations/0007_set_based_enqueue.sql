@@ -21,10 +21,16 @@ RETURNS TABLE (idx int, session_found boolean, inserted boolean, seq bigint, cla
                h_tool_call_id text[], h_tool_name text[], h_data text[],
                h_created_at timestamptz[], h_delta boolean)
 LANGUAGE plpgsql
--- Plans are cached per connection; every statement here finds its rows by key (see 0006).
-SET enable_seqscan = off
--- Planned once per connection: a custom plan per batch was a tenth of Postgres' time (perf).
+-- Planned once per connection (a custom plan per batch was a tenth of Postgres' time), so the
+-- plans must not depend on the statistics of the moment: a plan made while the tables were
+-- small kept scanning whole tables and indexes once they had grown (auto_explain: a full scan
+-- of sessions per batch after 10 000 sessions). Every statement here finds its rows by key,
+-- item by item, whatever the tables hold.
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
