@@ -99,10 +99,14 @@ BEGIN
           AND r.finished_at IS NULL
         RETURNING it.i
     ), consumed AS (
+        -- Found by key: a `consumed_at IS NULL` condition here let the planner read the whole
+        -- partial index of pending inputs per batch instead, so an input consumed already
+        -- keeps its values through coalesce (only a retry meets one).
         UPDATE session_inbox AS q
-        SET consumed_at = clock_timestamp(), run_id = it.run
+        SET consumed_at = coalesce(q.consumed_at, clock_timestamp()),
+            run_id = coalesce(q.run_id, it.run)
         FROM it
-        WHERE q.seq = it.seq AND q.session_id = it.session AND q.consumed_at IS NULL
+        WHERE q.seq = it.seq AND q.session_id = it.session
           AND EXISTS (
               SELECT 1 FROM runs AS r
               WHERE r.id = it.run AND r.inbox_seq = it.seq AND r.session_id = it.session
