@@ -4,8 +4,8 @@
 # writes bench/RESULTS.md. Takes about 3 minutes; --quick about 1.
 #
 # Usage: ./scripts/bench.sh [--quick] [--no-write | --out PATH] [--keep-logs]
-#        ./scripts/bench.sh --soak N [--sessions S]   (S sessions, default 100, × N messages
-#          only; one line printed)
+#        ./scripts/bench.sh --soak N [--sessions S] [--runners R]   (S sessions, default 100,
+#          × N messages only, on R runner processes, default 1; one line printed)
 #        ./scripts/bench.sh --openclaw [--no-write | --out PATH] [--keep-logs]
 #   --openclaw: side by side with OpenClaw 2026.9.6 through the same OpenAI-compatible
 #   POST /v1/chat/completions and the same fake model process (about 2 minutes after the
