@@ -21,11 +21,7 @@ RETURNS TABLE (idx int, session_found boolean, inserted boolean, seq bigint, cla
                h_tool_call_id text[], h_tool_name text[], h_data text[],
                h_created_at timestamptz[], h_delta boolean)
 LANGUAGE plpgsql
--- Planned once per connection (a custom plan per batch was a tenth of Postgres' time), so the
--- plans must not depend on the statistics of the moment: a plan made while the tables were
--- small kept scanning whole tables and indexes once they had grown (auto_explain: a full scan
--- of sessions per batch after 10 000 sessions). Every statement here finds its rows by key,
--- item by item, whatever the tables hold.
+-- Planned once per connection, rows found by key whatever the tables hold: see 0006.
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off

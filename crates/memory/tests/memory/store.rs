@@ -1105,18 +1105,16 @@ async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<En
         .await
         .expect("the scenario's setup succeeds");
     // Session 5 already has the batch's key pending; sessions 6 and 7 have an older input.
-    store
-        .enqueue(ids[4], "same", InboxKind::User, b"stored first")
-        .await
-        .expect("the scenario's setup succeeds");
-    store
-        .enqueue(ids[5], "older", InboxKind::User, b"older")
-        .await
-        .expect("the scenario's setup succeeds");
-    store
-        .enqueue(ids[6], "older", InboxKind::User, b"older")
-        .await
-        .expect("the scenario's setup succeeds");
+    for (at, key, payload) in [
+        (4, "same", &b"stored first"[..]),
+        (5, "older", b"older"),
+        (6, "older", b"older"),
+    ] {
+        store
+            .enqueue(ids[at], key, InboxKind::User, payload)
+            .await
+            .expect("the scenario's setup succeeds");
+    }
     // Session 8's run was taken under a lease that has expired since.
     store
         .enqueue_claim_take(
