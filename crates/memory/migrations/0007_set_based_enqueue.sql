@@ -4,7 +4,8 @@
 -- in session order before anything is judged, the input stored once per idempotency key (in
 -- item order, so seqs follow it), the lease claimed when free or expired, the oldest pending
 -- input (an interrupt first) taken and its run started or resumed, and the history window
--- read last. Per-item state lives in arrays indexed by item.
+-- read last (as agentloop_history_window does). Per-item state lives in arrays indexed by
+-- item.
 
 ALTER FUNCTION agentloop_enqueue_many(uuid[], text[], text[], bytea[], text[], bigint[], bigint[],
                                       bigint[])
@@ -178,7 +179,9 @@ BEGIN
         v_taken_payload[r.i] := r.payload;
     END LOOP;
 
-    -- One row per item; the history window of each run taken with a limit, read last.
+    -- One row per item; the history window of each run taken with a limit, read last, as
+    -- agentloop_history_window reads it (written out here: a function call per item was two
+    -- statements and their executor starts each).
     RETURN QUERY
     SELECT g.i, v_found[g.i], v_inserted[g.i], v_seq[g.i], v_claimed[g.i], v_epoch[g.i],
            v_owner[g.i], v_taken_seq[g.i], v_taken_key[g.i], v_taken_kind[g.i],
@@ -187,10 +190,39 @@ BEGIN
            w.h_run_id, w.h_tool_call_id, w.h_tool_name, w.h_data, w.h_created_at, w.delta
     FROM generate_series(1, n) AS g (i)
     LEFT JOIN LATERAL (
-        SELECT *
-        FROM agentloop_history_window(p_sessions[g.i], p_history_limits[g.i],
-                                      p_history_after[g.i])
+        SELECT x.delta,
+               array_agg(e.seq ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL) AS h_seq,
+               array_agg(e.entry_key ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL) AS h_key,
+               array_agg(e.role ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL) AS h_role,
+               array_agg(e.content ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL)
+                   AS h_content,
+               array_agg(e.run_id ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL) AS h_run_id,
+               array_agg(e.tool_call_id ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL)
+                   AS h_tool_call_id,
+               array_agg(e.tool_name ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL)
+                   AS h_tool_name,
+               array_agg(e.data ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL) AS h_data,
+               array_agg(e.created_at ORDER BY e.seq) FILTER (WHERE e.seq IS NOT NULL)
+                   AS h_created_at
+        FROM (
+            -- With the caller's last entry still there (a reset deletes the transcript), only
+            -- the entries after it.
+            SELECT p_history_after[g.i] > 0 AND EXISTS (
+                SELECT 1 FROM transcript_entries AS t
+                WHERE t.session_id = p_sessions[g.i] AND t.seq = p_history_after[g.i]
+            ) AS delta
+        ) AS x
+        LEFT JOIN LATERAL (
+            SELECT t.seq, t.entry_key, t.role, t.content, t.run_id, t.tool_call_id, t.tool_name,
+                   t.data, t.created_at
+            FROM transcript_entries AS t
+            WHERE t.session_id = p_sessions[g.i]
+              AND t.seq > CASE WHEN x.delta THEN p_history_after[g.i] ELSE 0 END
+            ORDER BY t.seq DESC
+            LIMIT p_history_limits[g.i]
+        ) AS e ON true
         WHERE g.i = ANY (v_history)
+        GROUP BY x.delta
     ) AS w ON true;
 END
 $$;

@@ -992,6 +992,8 @@ struct EnqueueItem {
     payload: &'static [u8],
     owner: Option<&'static str>,
     take: bool,
+    /// The transcript seq the caller's history reaches (0: none).
+    after: i64,
 }
 
 /// What an enqueue-batch item answered, in the terms the scenario checks.
@@ -1024,7 +1026,7 @@ async fn enqueue_batch(pool: &PgPool, function: &str, items: &[EnqueueItem]) -> 
                 .map(|i| i.take.then_some(10_i64))
                 .collect::<Vec<_>>(),
         )
-        .bind(items.iter().map(|_| 0_i64).collect::<Vec<_>>())
+        .bind(items.iter().map(|i| i.after).collect::<Vec<_>>())
         .fetch_all(pool)
         .await
         .expect("the enqueue batch answers");
@@ -1059,7 +1061,7 @@ async fn enqueue_batch(pool: &PgPool, function: &str, items: &[EnqueueItem]) -> 
 async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<EnqueueAnswer> {
     let store = Store::new(pool.clone());
     let mut ids = Vec::new();
-    for i in 1..=8 {
+    for i in 1..=9 {
         let session = store
             .resolve_session(&format!("{prefix}-{i}"), "main", None)
             .await
@@ -1070,35 +1072,44 @@ async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<En
         limit: 0,
         after_seq: 0,
     });
-    // Session 2 has one exchange in its transcript.
-    let (_, claim, took) = store
-        .enqueue_claim_take(
-            ids[1],
-            "old",
-            InboxKind::User,
-            b"o",
-            "runner-a",
-            LONG_TTL,
-            take,
-        )
-        .await
-        .expect("the scenario's setup succeeds");
-    let took = took
-        .expect("asked to take")
-        .0
-        .expect("its input was pending");
-    let entries = vec![entry("old-u", "question"), entry("old-a", "answer")];
-    let ended = store
-        .finish_run_and_release(
-            ids[1],
-            claim.epoch,
-            outcome(took.run.id, took.item.seq, 1),
-            entries,
-            true,
-        )
-        .await
-        .expect("the scenario's setup succeeds");
-    assert!(ended.released);
+    // Sessions 2 and 9 have one exchange in their transcripts.
+    for at in [1, 8] {
+        let (_, claim, took) = store
+            .enqueue_claim_take(
+                ids[at],
+                "old",
+                InboxKind::User,
+                b"o",
+                "runner-a",
+                LONG_TTL,
+                take,
+            )
+            .await
+            .expect("the scenario's setup succeeds");
+        let took = took
+            .expect("asked to take")
+            .0
+            .expect("its input was pending");
+        let entries = vec![entry("old-u", "question"), entry("old-a", "answer")];
+        let ended = store
+            .finish_run_and_release(
+                ids[at],
+                claim.epoch,
+                outcome(took.run.id, took.item.seq, 1),
+                entries,
+                true,
+            )
+            .await
+            .expect("the scenario's setup succeeds");
+        assert!(ended.released);
+    }
+    // Session 9's caller holds its history up to the question already.
+    let question: i64 =
+        sqlx::query_scalar("SELECT min(seq) FROM transcript_entries WHERE session_id = $1")
+            .bind(ids[8])
+            .fetch_one(pool)
+            .await
+            .expect("the scenario's setup succeeds");
     // Session 3 is held by another runner.
     store
         .claim_session(ids[2], "runner-b", LONG_TTL)
@@ -1137,6 +1148,7 @@ async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<En
         payload: b"new",
         owner: Some("runner-a"),
         take: true,
+        after: 0,
     };
     let items = vec![
         item(Uuid::now_v7(), "nobody"),
@@ -1157,6 +1169,10 @@ async fn enqueue_scenario(pool: &PgPool, function: &str, prefix: &str) -> Vec<En
             owner: None,
             take: false,
             ..item(ids[7], "after")
+        },
+        EnqueueItem {
+            after: question,
+            ..item(ids[8], "again")
         },
     ];
     let mut answers = enqueue_batch(pool, function, &items).await;
@@ -1213,6 +1229,11 @@ async fn a_batch_of_enqueues_answers_each_item_as_the_one_by_one_loop_does(pool:
         },
         // The expired lease is reported as it stands; nobody asked to claim it.
         answer(true, Some(true), Some(false), Some("runner-b")),
+        // Only what the caller lacks: the answer after the question.
+        EnqueueAnswer {
+            inserted: Some(true),
+            ..took("again", b"new", 1, Some(1), Some(true))
+        },
         // Its key is stored already; the claim resumes the interrupted run, oldest first.
         EnqueueAnswer {
             inserted: Some(false),
@@ -1224,6 +1245,11 @@ async fn a_batch_of_enqueues_answers_each_item_as_the_one_by_one_loop_does(pool:
         ("agentloop_enqueue_each", "loop"),
     ] {
         let answers = enqueue_scenario(&pool, function, prefix).await;
+        assert_eq!(
+            answers.len(),
+            expected.len(),
+            "{function}: one answer per item"
+        );
         for (i, (got, want)) in answers.iter().zip(&expected).enumerate() {
             assert_eq!(got, want, "{function}, item {i}");
         }
