@@ -41,24 +41,17 @@ impl Acks {
 
 async fn send(mut rx: mpsc::UnboundedReceiver<jetstream::Message>, gather: Duration) {
     let mut batch = Vec::new();
-    let mut open = true;
-    while open {
-        let Some(first) = rx.recv().await else {
-            break;
-        };
+    while let Some(first) = rx.recv().await {
         batch.push(first);
         // Gathers until the interval is over or the last handle is gone (the service stops and
-        // must not wait out the interval).
+        // must not wait out the interval; the next `recv` then ends the loop).
         let until = tokio::time::Instant::now() + gather;
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(until) => break,
                 next = rx.recv() => match next {
                     Some(msg) => batch.push(msg),
-                    None => {
-                        open = false;
-                        break;
-                    }
+                    None => break,
                 },
             }
         }

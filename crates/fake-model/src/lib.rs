@@ -286,6 +286,7 @@ async fn handle(
         Protocol::Anthropic => "/v1/messages",
     };
     let parsed = request::Request::parse(&body);
+    let model = parsed.as_ref().ok().and_then(request::Request::model);
     let authorized = is_authorized(state.api_key(), protocol, &headers);
     let plan = match &parsed {
         Ok(request) if authorized => {
@@ -305,7 +306,6 @@ async fn handle(
                     .to_owned()
                 }),
             };
-            let model = request.model();
             // Knob failures come first so they never use up a scripted reply.
             match state.knob_failure(key, model.as_deref(), thinking.as_deref()) {
                 Some(failure) => Some(plan::Plan::failed(failure)),
@@ -317,9 +317,7 @@ async fn handle(
     let request = parsed.as_ref().ok();
     let ctx = ReplyContext {
         id: state.next_id(),
-        model: request
-            .and_then(request::Request::model)
-            .unwrap_or_else(|| "fake-model".to_owned()),
+        model: model.unwrap_or_else(|| "fake-model".to_owned()),
         input_tokens: (body.len() / 4).max(1) as u64,
         include_usage: request.is_some_and(request::Request::include_usage),
     };

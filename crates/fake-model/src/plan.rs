@@ -148,15 +148,10 @@ fn conversation(protocol: Protocol, messages: &[Message<'_>]) -> Conversation {
     // Collected newest first, reversed at the end.
     let mut results: Vec<String> = Vec::new();
     for message in messages.iter().rev() {
-        let read = message.is("user") || (protocol == Protocol::OpenAi && message.is("tool"));
-        if !read {
-            continue;
-        }
-        let content = message.content();
-        match protocol {
-            Protocol::OpenAi if message.is("tool") => results.push(content_text(&content)),
-            Protocol::OpenAi => {
-                let text = content_text(&content);
+        match (protocol, message.role().as_deref()) {
+            (Protocol::OpenAi, Some("tool")) => results.push(content_text(&message.content())),
+            (Protocol::OpenAi, Some("user")) => {
+                let text = content_text(&message.content());
                 // Some clients (OpenClaw) append an internal context envelope as a user
                 // message after the real one; the echo is of what the person wrote.
                 if text.trim_start().starts_with("<<<BEGIN_") {
@@ -165,7 +160,8 @@ fn conversation(protocol: Protocol, messages: &[Message<'_>]) -> Conversation {
                 conversation.last_user_text = text;
                 break;
             }
-            Protocol::Anthropic => {
+            (Protocol::Anthropic, Some("user")) => {
+                let content = message.content();
                 let Some(blocks) = content.as_array() else {
                     conversation.last_user_text = content_text(&content);
                     break;
@@ -192,6 +188,7 @@ fn conversation(protocol: Protocol, messages: &[Message<'_>]) -> Conversation {
                 }
                 results.extend(here.into_iter().rev());
             }
+            _ => {}
         }
     }
     results.reverse();

@@ -94,9 +94,9 @@ impl<'a> Request<'a> {
 }
 
 impl Message<'_> {
-    /// Whether the role is `role`.
-    pub(crate) fn is(&self, role: &str) -> bool {
-        string(self.role).is_some_and(|r| r == role)
+    /// The role, when it is a string.
+    pub(crate) fn role(&self) -> Option<String> {
+        string(self.role)
     }
 
     /// The content, parsed (`null` when absent).
@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(request.reasoning_effort().as_deref(), Some("high"));
         assert_eq!(request.thinking_budget(), Some(2048));
         let messages = request.messages();
-        assert!(messages[0].is("user"));
+        assert_eq!(messages[0].role().as_deref(), Some("user"));
         assert_eq!(messages[0].content(), Value::from("hi \"there\""));
 
         let empty = Request::parse(b"[1, 2]").unwrap();
