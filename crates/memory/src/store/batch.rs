@@ -16,7 +16,7 @@ use crate::MemoryError;
 /// How calls are gathered into batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchSettings {
-    /// Batches of one kind in Postgres at once. Fewer lanes make larger batches under load.
+    /// Batches in Postgres at once. Fewer lanes make larger batches under load.
     pub lanes: usize,
     /// Most calls in one batch.
     pub max_items: usize,
@@ -25,7 +25,7 @@ pub struct BatchSettings {
 impl Default for BatchSettings {
     fn default() -> Self {
         Self {
-            lanes: 2,
+            lanes: 1,
             max_items: 64,
         }
     }
@@ -177,17 +177,7 @@ pub(crate) fn settle<O>(
         Err(err) if super::error::is_outage(&err) => {
             // Running the calls one by one would only wait out the pool timeout again and again.
             tracing::debug!(error = %err, calls, "{what} batch failed: database unreachable");
-            return Some(
-                (0..calls)
-                    .map(|_| {
-                        Err(MemoryError::Unavailable(sqlx::Error::Io(
-                            std::io::Error::other(format!(
-                                "the batch carrying this call failed: {err}"
-                            )),
-                        )))
-                    })
-                    .collect(),
-            );
+            return Some(unavailable(calls, &err));
         }
         Err(err) => {
             counters.fallbacks.inc();
@@ -209,15 +199,29 @@ pub(crate) fn settle<O>(
     // It committed, so running the calls again could claim leases twice: every call fails
     // instead (and its caller retries).
     tracing::error!(calls, answered, "{what} batch answered out of shape");
-    Some(
-        (0..calls)
-            .map(|_| {
-                Err(MemoryError::Internal(format!(
-                    "the {what} batch carrying this call answered out of shape"
-                )))
-            })
-            .collect(),
-    )
+    Some(out_of_shape(what, calls))
+}
+
+/// Fails `calls` calls of a committed batch whose answer did not match them.
+pub(crate) fn out_of_shape<O>(what: &str, calls: usize) -> Vec<Result<O, MemoryError>> {
+    (0..calls)
+        .map(|_| {
+            Err(MemoryError::Internal(format!(
+                "the {what} batch carrying this call answered out of shape"
+            )))
+        })
+        .collect()
+}
+
+/// Fails `calls` calls of a batch that could not reach the database with `err`.
+pub(crate) fn unavailable<O>(calls: usize, err: &sqlx::Error) -> Vec<Result<O, MemoryError>> {
+    (0..calls)
+        .map(|_| {
+            Err(MemoryError::Unavailable(sqlx::Error::Io(
+                std::io::Error::other(format!("the batch carrying this call failed: {err}")),
+            )))
+        })
+        .collect()
 }
 
 /// One array argument of a batch statement: `f` of each call, in lock order.

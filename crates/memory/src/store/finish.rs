@@ -1,6 +1,9 @@
 //! The end of a run in one round trip: its last transcript entries, the finished run and the
 //! consumed input, and the lease given back when nothing else is pending.
 
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
 use uuid::Uuid;
 
 use super::transcript::bind_entries;
@@ -24,16 +27,17 @@ pub(crate) struct FinishRow {
     released: bool,
 }
 
+/// A [`FinishRow`] with the item's 1-based position in its batch.
 #[derive(sqlx::FromRow)]
-struct IndexedFinishRow {
-    idx: i32,
+pub(crate) struct IndexedFinishRow {
+    pub(crate) idx: i32,
     #[sqlx(flatten)]
-    row: FinishRow,
+    pub(crate) row: FinishRow,
 }
 
 /// One `agentloop_finish_run` call, owned so it can wait for a batch.
 pub(crate) struct FinishArgs {
-    session_id: Uuid,
+    pub(crate) session_id: Uuid,
     epoch: i64,
     outcome: RunOutcome,
     entries: Vec<NewEntry>,
@@ -47,40 +51,49 @@ pub(crate) async fn finish_batch(
     items: Vec<FinishArgs>,
     counters: &super::BatchCounters,
 ) -> Vec<Result<FinishRow, MemoryError>> {
-    use super::batch::column;
     if items.len() > 1 {
         let order = super::batch::lock_order(&items, |item| item.session_id);
         let ordered: Vec<&FinishArgs> = order.iter().map(|&i| &items[i]).collect();
-        let entry_ends: Vec<i32> = ordered
-            .iter()
-            .scan(0_i32, |end, call| {
-                *end += i32::try_from(call.entries.len()).unwrap_or(i32::MAX);
-                Some(*end)
-            })
-            .collect();
-        let query = sqlx::query_as::<_, IndexedFinishRow>(include_str!("queries/finish_many.sql"))
-            .bind(column(&ordered, |a| a.session_id))
-            .bind(column(&ordered, |a| a.epoch))
-            .bind(column(&ordered, |a| a.outcome.run_id))
-            .bind(column(&ordered, |a| a.outcome.inbox_seq))
-            .bind(column(&ordered, |a| a.outcome.status.as_str()))
-            .bind(column(&ordered, |a| a.outcome.error.as_deref()))
-            .bind(column(&ordered, |a| a.outcome.model.as_deref()))
-            .bind(column(&ordered, |a| a.outcome.input_tokens))
-            .bind(column(&ordered, |a| a.outcome.output_tokens))
-            .bind(column(&ordered, |a| a.outcome.provider.as_deref()))
-            .bind(column(&ordered, |a| a.outcome.profile.as_deref()))
-            .bind(column(&ordered, |a| a.release))
-            .bind(entry_ends);
-        // The entries are bound where they lie, run after run in lock order, not copied.
-        let entries = ordered.iter().flat_map(|call| call.entries.iter());
-        let rows = bind_entries(query, entries).fetch_all(pool).await;
+        let query = sqlx::query_as::<_, IndexedFinishRow>(include_str!("queries/finish_many.sql"));
+        let rows = bind_many(query, &ordered).fetch_all(pool).await;
         let answered = rows.map(|rows| rows.into_iter().map(|r| (r.idx, r.row)).collect());
         if let Some(settled) = super::batch::settle("finish", answered, &order, counters) {
             return settled;
         }
     }
     super::batch::one_by_one(&items, |item| finish_one(pool, item)).await
+}
+
+/// Binds the arrays of `agentloop_finish_many`, one element per call in `ordered` (and the
+/// calls' entries, one after the other).
+pub(crate) fn bind_many<'q, O>(
+    query: QueryAs<'q, Postgres, O, PgArguments>,
+    ordered: &[&'q FinishArgs],
+) -> QueryAs<'q, Postgres, O, PgArguments> {
+    use super::batch::column;
+    let entry_ends: Vec<i32> = ordered
+        .iter()
+        .scan(0_i32, |end, call| {
+            *end += i32::try_from(call.entries.len()).unwrap_or(i32::MAX);
+            Some(*end)
+        })
+        .collect();
+    let query = query
+        .bind(column(ordered, |a| a.session_id))
+        .bind(column(ordered, |a| a.epoch))
+        .bind(column(ordered, |a| a.outcome.run_id))
+        .bind(column(ordered, |a| a.outcome.inbox_seq))
+        .bind(column(ordered, |a| a.outcome.status.as_str()))
+        .bind(column(ordered, |a| a.outcome.error.as_deref()))
+        .bind(column(ordered, |a| a.outcome.model.as_deref()))
+        .bind(column(ordered, |a| a.outcome.input_tokens))
+        .bind(column(ordered, |a| a.outcome.output_tokens))
+        .bind(column(ordered, |a| a.outcome.provider.as_deref()))
+        .bind(column(ordered, |a| a.outcome.profile.as_deref()))
+        .bind(column(ordered, |a| a.release))
+        .bind(entry_ends);
+    // The entries are bound where they lie, run after run in lock order, not copied.
+    bind_entries(query, ordered.iter().flat_map(|call| call.entries.iter()))
 }
 
 async fn finish_one(pool: &sqlx::PgPool, item: &FinishArgs) -> Result<FinishRow, MemoryError> {
@@ -122,8 +135,7 @@ impl Store {
         let (run_id, inbox_seq) = (outcome.run_id, outcome.inbox_seq);
         let row = self
             .run_path
-            .finish
-            .call(FinishArgs {
+            .finish(FinishArgs {
                 session_id,
                 epoch,
                 outcome,

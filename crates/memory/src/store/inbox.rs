@@ -1,6 +1,9 @@
 //! The session inbox and the runs that consume it.
 
 use chrono::{DateTime, Utc};
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
 use uuid::Uuid;
 
 use super::{InboxKind, Run, Store, error::translate};
@@ -122,7 +125,7 @@ pub(crate) struct ClaimAlong<'a> {
 
 /// One `agentloop_enqueue` call, owned so it can wait for a batch.
 pub(crate) struct EnqueueArgs {
-    session_id: Uuid,
+    pub(crate) session_id: Uuid,
     key: String,
     kind: &'static str,
     payload: Vec<u8>,
@@ -153,18 +156,19 @@ pub(crate) async fn enqueue_call(
         history_limit: take.map(|h| i64::from(h.limit)),
         history_after: take.map_or(0, |h| h.after_seq),
     };
-    let row = store.run_path.enqueue.call(args).await?;
+    let row = store.run_path.enqueue(args).await?;
     if !row.session_found {
         return Err(MemoryError::SessionNotFound(session_id));
     }
     Ok(row)
 }
 
+/// An [`EnqueueRow`] with the item's 1-based position in its batch.
 #[derive(sqlx::FromRow)]
-struct IndexedEnqueueRow {
-    idx: i32,
+pub(crate) struct IndexedEnqueueRow {
+    pub(crate) idx: i32,
     #[sqlx(flatten)]
-    row: EnqueueRow,
+    pub(crate) row: EnqueueRow,
 }
 
 /// Runs a batch of enqueues: one alone as `agentloop_enqueue`, more as one
@@ -174,27 +178,35 @@ pub(crate) async fn enqueue_batch(
     items: Vec<EnqueueArgs>,
     counters: &super::BatchCounters,
 ) -> Vec<Result<EnqueueRow, MemoryError>> {
-    use super::batch::column;
     if items.len() > 1 {
         let order = super::batch::lock_order(&items, |item| item.session_id);
         let ordered: Vec<&EnqueueArgs> = order.iter().map(|&i| &items[i]).collect();
-        let rows = sqlx::query_as::<_, IndexedEnqueueRow>(include_str!("queries/enqueue_many.sql"))
-            .bind(column(&ordered, |a| a.session_id))
-            .bind(column(&ordered, |a| a.key.as_str()))
-            .bind(column(&ordered, |a| a.kind))
-            .bind(column(&ordered, |a| a.payload.as_slice()))
-            .bind(column(&ordered, |a| a.owner.as_deref()))
-            .bind(column(&ordered, |a| a.ttl_ms))
-            .bind(column(&ordered, |a| a.history_limit))
-            .bind(column(&ordered, |a| a.history_after))
-            .fetch_all(pool)
-            .await;
+        let query =
+            sqlx::query_as::<_, IndexedEnqueueRow>(include_str!("queries/enqueue_many.sql"));
+        let rows = bind_many(query, &ordered).fetch_all(pool).await;
         let answered = rows.map(|rows| rows.into_iter().map(|r| (r.idx, r.row)).collect());
         if let Some(settled) = super::batch::settle("enqueue", answered, &order, counters) {
             return settled;
         }
     }
     super::batch::one_by_one(&items, |item| enqueue_one(pool, item)).await
+}
+
+/// Binds the arrays of `agentloop_enqueue_many`, one element per call in `ordered`.
+pub(crate) fn bind_many<'q, O>(
+    query: QueryAs<'q, Postgres, O, PgArguments>,
+    ordered: &[&'q EnqueueArgs],
+) -> QueryAs<'q, Postgres, O, PgArguments> {
+    use super::batch::column;
+    query
+        .bind(column(ordered, |a| a.session_id))
+        .bind(column(ordered, |a| a.key.as_str()))
+        .bind(column(ordered, |a| a.kind))
+        .bind(column(ordered, |a| a.payload.as_slice()))
+        .bind(column(ordered, |a| a.owner.as_deref()))
+        .bind(column(ordered, |a| a.ttl_ms))
+        .bind(column(ordered, |a| a.history_limit))
+        .bind(column(ordered, |a| a.history_after))
 }
 
 async fn enqueue_one(pool: &sqlx::PgPool, item: &EnqueueArgs) -> Result<EnqueueRow, MemoryError> {

@@ -10,6 +10,7 @@ mod finish;
 mod gateway;
 mod inbox;
 mod queued;
+mod run_path;
 pub use batch::{BatchCounters, BatchSettings};
 pub use finish::Finished;
 mod sessions;
@@ -33,14 +34,7 @@ pub use sessions::Claim;
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
-    run_path: Arc<RunPath>,
-}
-
-/// The batched calls of the run path.
-#[derive(Debug)]
-struct RunPath {
-    enqueue: batch::Batcher<inbox::EnqueueArgs, inbox::EnqueueRow>,
-    finish: batch::Batcher<finish::FinishArgs, finish::FinishRow>,
+    run_path: Arc<run_path::RunPath>,
 }
 
 impl Store {
@@ -52,26 +46,7 @@ impl Store {
     /// Returns a store over an already migrated pool whose enqueues and run ends are gathered
     /// into batches as `settings` say, counted in `counters`.
     pub fn with_batching(pool: PgPool, settings: BatchSettings, counters: &BatchCounters) -> Self {
-        let (enqueue_pool, enqueue_counters) = (pool.clone(), counters.clone());
-        let (finish_pool, finish_counters) = (pool.clone(), counters.clone());
-        let run_path = RunPath {
-            enqueue: batch::Batcher::new(
-                settings,
-                counters.clone(),
-                Arc::new(move |items| {
-                    let (pool, counters) = (enqueue_pool.clone(), enqueue_counters.clone());
-                    Box::pin(async move { inbox::enqueue_batch(&pool, items, &counters).await })
-                }),
-            ),
-            finish: batch::Batcher::new(
-                settings,
-                counters.clone(),
-                Arc::new(move |items| {
-                    let (pool, counters) = (finish_pool.clone(), finish_counters.clone());
-                    Box::pin(async move { finish::finish_batch(&pool, items, &counters).await })
-                }),
-            ),
-        };
+        let run_path = run_path::RunPath::new(pool.clone(), settings, counters);
         Self {
             pool,
             run_path: Arc::new(run_path),

@@ -714,6 +714,137 @@ async fn enqueues_and_run_ends_of_many_sessions_share_batches_and_each_gets_its_
 }
 
 #[sqlx::test(migrations = "./migrations")]
+async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends_go_first(
+    pool: PgPool,
+) {
+    let (store, counters) = one_lane_store(pool.clone());
+    let mut running = Vec::new();
+    for i in 0..8 {
+        let session = store
+            .resolve_session(&format!("mixed-{i}"), "main", None)
+            .await
+            .unwrap();
+        let ask = Some(HistoryAsk {
+            limit: 10,
+            after_seq: 0,
+        });
+        let (_, claim, took) = store
+            .enqueue_claim_take(
+                session.id,
+                "first",
+                InboxKind::User,
+                b"1",
+                "runner-a",
+                LONG_TTL,
+                ask,
+            )
+            .await
+            .unwrap();
+        let took = took
+            .and_then(|(took, _)| took)
+            .expect("its input was taken");
+        running.push((session.id, claim.epoch, took));
+    }
+    let blocker = store
+        .resolve_session("mixed-blocker", "main", None)
+        .await
+        .unwrap()
+        .id;
+
+    // The lane's batch waits on a row this transaction holds, so the calls made meanwhile queue
+    // up and all go in the batch after it.
+    let mut hold = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+        .bind(blocker)
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let before = (counters.batches.get(), counters.items.get());
+    let blocked = tokio::spawn({
+        let store = store.clone();
+        async move { store.enqueue(blocker, "b", InboxKind::User, b"b").await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let finishes = running.iter().map(|(id, epoch, took)| {
+        let (store, id, epoch) = (store.clone(), *id, *epoch);
+        let run = outcome(took.run.id, took.item.seq, 1);
+        async move {
+            store
+                .finish_run_and_release(id, epoch, run, vec![entry("u", "question")], true)
+                .await
+        }
+    });
+    let enqueues = running.iter().map(|(id, _, _)| {
+        let (store, id) = (store.clone(), *id);
+        async move {
+            let ask = Some(HistoryAsk {
+                limit: 10,
+                after_seq: 0,
+            });
+            store
+                .enqueue_claim_take(
+                    id,
+                    "second",
+                    InboxKind::User,
+                    b"2",
+                    "runner-b",
+                    LONG_TTL,
+                    ask,
+                )
+                .await
+        }
+    });
+    let finishes: Vec<_> = finishes.map(tokio::spawn).collect();
+    let enqueues: Vec<_> = enqueues.map(tokio::spawn).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    hold.commit().await.unwrap();
+
+    assert!(blocked.await.unwrap().unwrap().inserted);
+    for (i, finish) in finishes.into_iter().enumerate() {
+        let finished = finish.await.unwrap().unwrap();
+        assert!(finished.finished, "session {i}");
+        assert!(
+            finished.released,
+            "session {i}: nothing was pending when its run ended"
+        );
+    }
+    for (i, enqueue) in enqueues.into_iter().enumerate() {
+        let (enqueued, claim, took) = enqueue.await.unwrap().unwrap();
+        assert!(enqueued.inserted, "session {i}");
+        assert!(
+            claim.claimed,
+            "session {i}: the run end before it in the batch gave the lease back"
+        );
+        assert_eq!(claim.owner.as_deref(), Some("runner-b"));
+        let (took, history) = took.expect("asked to take");
+        let took = took.expect("its input was pending");
+        assert_eq!(took.item.idempotency_key, "second", "session {i}");
+        let contents: Vec<&str> = history.1.iter().map(|e| e.content.as_str()).collect();
+        assert_eq!(
+            contents,
+            ["question"],
+            "session {i}: the history the run end wrote"
+        );
+    }
+    let after = (counters.batches.get(), counters.items.get());
+    assert_eq!(
+        after.1 - before.1,
+        17,
+        "the blocked call, 8 run ends and 8 enqueues"
+    );
+    assert_eq!(
+        after.0 - before.0,
+        2,
+        "the blocked batch, then one batch of run ends and enqueues together"
+    );
+    assert_eq!(
+        counters.fallbacks.get(),
+        0,
+        "every batch ran as one statement"
+    );
+}
+
+#[sqlx::test(migrations = "./migrations")]
 async fn a_call_postgres_rejects_fails_alone_and_the_rest_of_its_batch_stands(pool: PgPool) {
     let (store, counters) = one_lane_store(pool.clone());
     let mut sessions = Vec::new();

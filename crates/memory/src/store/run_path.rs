@@ -1,0 +1,198 @@
+//! The run path's calls, enqueues and run ends, gathered into one batch: when both kinds wait
+//! at once they go to Postgres as one statement (`agentloop_run_path`), one round trip and one
+//! commit, run ends first.
+
+use sqlx::PgPool;
+use sqlx::postgres::PgRow;
+
+use super::batch::{self, BatchCounters, BatchSettings, Batcher};
+use super::finish::{self, FinishArgs, FinishRow, IndexedFinishRow};
+use super::inbox::{self, EnqueueArgs, EnqueueRow, IndexedEnqueueRow};
+use crate::MemoryError;
+
+/// One call of the run path.
+pub(crate) enum Call {
+    Enqueue(EnqueueArgs),
+    Finish(FinishArgs),
+}
+
+/// What a [`Call`] answered, of the same kind.
+// Moved a few times per call; boxing the large variant would cost an allocation instead.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Answer {
+    Enqueue(EnqueueRow),
+    Finish(FinishRow),
+}
+
+/// The batched calls of the run path.
+#[derive(Debug)]
+pub(crate) struct RunPath {
+    batcher: Batcher<Call, Answer>,
+}
+
+impl RunPath {
+    /// Returns the run path over `pool`, batching as `settings` say.
+    pub(crate) fn new(pool: PgPool, settings: BatchSettings, counters: &BatchCounters) -> Self {
+        let batch_counters = counters.clone();
+        Self {
+            batcher: Batcher::new(
+                settings,
+                counters.clone(),
+                std::sync::Arc::new(move |calls| {
+                    let (pool, counters) = (pool.clone(), batch_counters.clone());
+                    Box::pin(async move { execute(&pool, calls, &counters).await })
+                }),
+            ),
+        }
+    }
+
+    /// Runs one `agentloop_enqueue` in the next batch.
+    pub(crate) async fn enqueue(&self, args: EnqueueArgs) -> Result<EnqueueRow, MemoryError> {
+        match self.batcher.call(Call::Enqueue(args)).await? {
+            Answer::Enqueue(row) => Ok(row),
+            Answer::Finish(_) => Err(mismatch()),
+        }
+    }
+
+    /// Runs one `agentloop_finish_run` in the next batch.
+    pub(crate) async fn finish(&self, args: FinishArgs) -> Result<FinishRow, MemoryError> {
+        match self.batcher.call(Call::Finish(args)).await? {
+            Answer::Finish(row) => Ok(row),
+            Answer::Enqueue(_) => Err(mismatch()),
+        }
+    }
+}
+
+fn mismatch() -> MemoryError {
+    MemoryError::Internal("a run-path call was answered for a call of the other kind".to_owned())
+}
+
+/// Runs a batch: each kind alone as before, both kinds as one `agentloop_run_path`. Returns one
+/// result per call, in call order.
+async fn execute(
+    pool: &PgPool,
+    calls: Vec<Call>,
+    counters: &BatchCounters,
+) -> Vec<Result<Answer, MemoryError>> {
+    let n = calls.len();
+    let (mut enqueues, mut enqueue_at) = (Vec::new(), Vec::new());
+    let (mut finishes, mut finish_at) = (Vec::new(), Vec::new());
+    for (at, call) in calls.into_iter().enumerate() {
+        match call {
+            Call::Enqueue(args) => {
+                enqueue_at.push(at);
+                enqueues.push(args);
+            }
+            Call::Finish(args) => {
+                finish_at.push(at);
+                finishes.push(args);
+            }
+        }
+    }
+    let (finished, enqueued) = if enqueues.is_empty() {
+        (
+            finish::finish_batch(pool, finishes, counters).await,
+            Vec::new(),
+        )
+    } else if finishes.is_empty() {
+        (
+            Vec::new(),
+            inbox::enqueue_batch(pool, enqueues, counters).await,
+        )
+    } else {
+        both(pool, finishes, enqueues, counters).await
+    };
+    let mut results: Vec<Option<Result<Answer, MemoryError>>> = (0..n).map(|_| None).collect();
+    for (at, result) in finish_at.into_iter().zip(finished) {
+        results[at] = Some(result.map(Answer::Finish));
+    }
+    for (at, result) in enqueue_at.into_iter().zip(enqueued) {
+        results[at] = Some(result.map(Answer::Enqueue));
+    }
+    results
+        .into_iter()
+        .map(|result| {
+            result.unwrap_or_else(|| {
+                Err(MemoryError::Internal(
+                    "the run-path batch carrying this call gave it no answer".to_owned(),
+                ))
+            })
+        })
+        .collect()
+}
+
+/// A row of `agentloop_run_path`: an item of either half.
+#[allow(clippy::large_enum_variant)] // as `Answer`
+enum Row {
+    Finish(IndexedFinishRow),
+    Enqueue(IndexedEnqueueRow),
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Row {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row as _;
+        if row.try_get::<bool, _>("is_finish")? {
+            IndexedFinishRow::from_row(row).map(Self::Finish)
+        } else {
+            IndexedEnqueueRow::from_row(row).map(Self::Enqueue)
+        }
+    }
+}
+
+type Halves = (
+    Vec<Result<FinishRow, MemoryError>>,
+    Vec<Result<EnqueueRow, MemoryError>>,
+);
+
+/// Both halves in one statement; when it fails for a reason that rolled it back, each half on
+/// its own (run ends first), where a failing batch runs its calls one by one.
+async fn both(
+    pool: &PgPool,
+    finishes: Vec<FinishArgs>,
+    enqueues: Vec<EnqueueArgs>,
+    counters: &BatchCounters,
+) -> Halves {
+    let finish_order = batch::lock_order(&finishes, |call| call.session_id);
+    let enqueue_order = batch::lock_order(&enqueues, |call| call.session_id);
+    let answered = {
+        let finish_ordered: Vec<&FinishArgs> = finish_order.iter().map(|&i| &finishes[i]).collect();
+        let enqueue_ordered: Vec<&EnqueueArgs> =
+            enqueue_order.iter().map(|&i| &enqueues[i]).collect();
+        let query = sqlx::query_as::<_, Row>(include_str!("queries/run_path.sql"));
+        let query = finish::bind_many(query, &finish_ordered);
+        inbox::bind_many(query, &enqueue_ordered)
+            .fetch_all(pool)
+            .await
+    };
+    match answered {
+        Ok(rows) => {
+            let (mut finish_rows, mut enqueue_rows) = (Vec::new(), Vec::new());
+            for row in rows {
+                match row {
+                    Row::Finish(r) => finish_rows.push((r.idx, r.row)),
+                    Row::Enqueue(r) => enqueue_rows.push((r.idx, r.row)),
+                }
+            }
+            // Answered rows always settle (as results, or as failures when out of shape).
+            let finished = batch::settle("finish", Ok(finish_rows), &finish_order, counters)
+                .unwrap_or_else(|| batch::out_of_shape("finish", finish_order.len()));
+            let enqueued = batch::settle("enqueue", Ok(enqueue_rows), &enqueue_order, counters)
+                .unwrap_or_else(|| batch::out_of_shape("enqueue", enqueue_order.len()));
+            (finished, enqueued)
+        }
+        Err(err) if super::error::is_outage(&err) => {
+            tracing::debug!(error = %err, calls = finishes.len() + enqueues.len(), "run-path batch failed: database unreachable");
+            (
+                batch::unavailable(finishes.len(), &err),
+                batch::unavailable(enqueues.len(), &err),
+            )
+        }
+        Err(err) => {
+            counters.fallbacks.inc();
+            tracing::debug!(error = %err, calls = finishes.len() + enqueues.len(), "run-path batch failed; running its halves apart");
+            let finished = finish::finish_batch(pool, finishes, counters).await;
+            let enqueued = inbox::enqueue_batch(pool, enqueues, counters).await;
+            (finished, enqueued)
+        }
+    }
+}
