@@ -7,6 +7,7 @@ use serde_json::json;
 use sqlx::Row as _;
 
 use agentloop_bus::{StreamKind, stream_name};
+use agentloop_fake_model::ScriptedReply;
 use agentloop_proto::v1::OutboundMessage;
 
 use crate::harness::{Sandbox, SandboxOptions, collect_run_events, next_reply};
@@ -27,6 +28,10 @@ async fn a_json_inbound_message_streams_events_replies_once_and_is_persisted() {
     let sandbox = Sandbox::start().await.unwrap();
     let mut events = sandbox.subscribe("events.>").await;
     let mut replies = sandbox.subscribe("deliver.cli.>").await;
+    // The echo, its pieces 20 ms apart, as a model produces them: each goes out as it comes.
+    sandbox.fake.push_script(
+        ScriptedReply::text("echo: hello there").with_chunk_delay(Duration::from_millis(20)),
+    );
 
     // Act
     sandbox
@@ -112,6 +117,44 @@ async fn a_json_inbound_message_streams_events_replies_once_and_is_persisted() {
     .await
     .unwrap();
     assert_eq!(completed, 2);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn pieces_of_an_answer_that_arrive_together_go_out_as_one_delta() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut events = sandbox.subscribe("events.>").await;
+    let mut replies = sandbox.subscribe("deliver.cli.>").await;
+    let text = "one two three four five six seven eight nine ten eleven twelve";
+    // The fake model writes the whole answer at once: "echo: " and twelve words, 13 pieces.
+    let (runs, pieces) = (5, 13);
+
+    let mut deltas = 0;
+    for n in 0..runs {
+        sandbox
+            .publish_json(
+                "cli",
+                json!({"sessionKey": "cli:burst", "text": text, "idempotencyKey": format!("burst-{n}")}),
+            )
+            .await
+            .unwrap();
+        let run = collect_run_events(&mut events, WAIT).await.unwrap();
+        let pieces: Vec<&str> = run
+            .iter()
+            .filter(|e| e.stream == "assistant" && e.phase == "delta")
+            .map(|e| e.delta.as_str())
+            .collect();
+        assert_eq!(pieces.concat(), format!("echo: {text}"), "run {n}: {run:?}");
+        deltas += pieces.len();
+        let reply = next_reply(&mut replies, WAIT).await.unwrap();
+        assert_eq!(reply.text, format!("echo: {text}"));
+    }
+    // One event per run when every burst is gathered; a piece handed over late by the HTTP
+    // client's connection task (busy machine) may still go alone, hence the slack.
+    assert!(
+        deltas <= runs * 3,
+        "{deltas} delta events for {runs} runs of {pieces} pieces that arrived together"
+    );
     sandbox.shutdown().await.unwrap();
 }
 

@@ -24,6 +24,11 @@ use crate::run::RunCtx;
 /// At most this many compactions per run.
 const MAX_COMPACTIONS: u32 = 3;
 
+/// Yields allowed per streamed piece while gathering a burst into one delta event. One is
+/// usually enough for the HTTP connection task to hand over the next chunk already read; a
+/// couple more cover it running on the other worker thread.
+const BURST_YIELDS: usize = 3;
+
 /// What the model answered, and who answered it.
 pub(crate) struct Answer {
     pub(crate) text: String,
@@ -276,9 +281,20 @@ impl RunCtx<'_> {
             match event {
                 StreamEvent::TextDelta(mut delta) => {
                     // Pieces that have already arrived go out as one event: nothing waits for
-                    // them, and a burst costs one message instead of one per piece.
+                    // them, and a burst costs one message instead of one per piece. The HTTP
+                    // client hands the body over one chunk per poll (its connection task sends
+                    // the next one when asked), so a piece that came in the same read shows up
+                    // only after that task has run: a few yields per piece, never a wait.
                     loop {
-                        match stream.next().now_or_never() {
+                        let mut next = stream.next().now_or_never();
+                        for _ in 0..BURST_YIELDS {
+                            if next.is_some() {
+                                break;
+                            }
+                            tokio::task::yield_now().await;
+                            next = stream.next().now_or_never();
+                        }
+                        match next {
                             Some(Some(Ok(StreamEvent::TextDelta(more)))) => delta.push_str(&more),
                             Some(Some(next)) => {
                                 held = Some(next?);
