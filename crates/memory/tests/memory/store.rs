@@ -845,6 +845,137 @@ async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends
 }
 
 #[sqlx::test(migrations = "./migrations")]
+async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(pool: PgPool) {
+    let (store, counters) = one_lane_store(pool.clone());
+    let mut running = Vec::new();
+    for i in 0..4 {
+        let session = store
+            .resolve_session(&format!("mixed-bad-run-{i}"), "main", None)
+            .await
+            .unwrap();
+        let ask = Some(HistoryAsk {
+            limit: 10,
+            after_seq: 0,
+        });
+        let (_, claim, took) = store
+            .enqueue_claim_take(
+                session.id,
+                "first",
+                InboxKind::User,
+                b"1",
+                "runner-a",
+                LONG_TTL,
+                ask,
+            )
+            .await
+            .unwrap();
+        let took = took
+            .and_then(|(took, _)| took)
+            .expect("its input was taken");
+        running.push((session.id, claim.epoch, took));
+    }
+    let mut idle = Vec::new();
+    for i in 0..4 {
+        let session = store
+            .resolve_session(&format!("mixed-bad-idle-{i}"), "main", None)
+            .await
+            .unwrap();
+        idle.push(session.id);
+    }
+    let bad = idle[2];
+    let blocker = store
+        .resolve_session("mixed-bad-blocker", "main", None)
+        .await
+        .unwrap()
+        .id;
+
+    // As in the test above: the calls queue behind a batch held on a row lock, then go together.
+    let mut hold = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+        .bind(blocker)
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let blocked = tokio::spawn({
+        let store = store.clone();
+        async move { store.enqueue(blocker, "b", InboxKind::User, b"b").await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let finishes: Vec<_> = running
+        .iter()
+        .map(|(id, epoch, took)| {
+            let (store, id, epoch) = (store.clone(), *id, *epoch);
+            let run = outcome(took.run.id, took.item.seq, 1);
+            tokio::spawn(async move {
+                store
+                    .finish_run_and_release(id, epoch, run, vec![entry("u", "question")], true)
+                    .await
+            })
+        })
+        .collect();
+    let enqueues: Vec<_> = idle
+        .iter()
+        .map(|&id| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                if id == bad {
+                    // A lease that long overflows Postgres' interval: the statement fails.
+                    let ttl = Duration::from_millis(i64::MAX as u64);
+                    store
+                        .enqueue_claim_take(id, "x", InboxKind::User, b"x", "runner-b", ttl, None)
+                        .await
+                        .map(|(enqueued, _, _)| enqueued)
+                } else {
+                    store.enqueue(id, "x", InboxKind::User, b"x").await
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fallbacks_before = counters.fallbacks.get();
+    hold.commit().await.unwrap();
+
+    assert!(blocked.await.unwrap().unwrap().inserted);
+    for (i, finish) in finishes.into_iter().enumerate() {
+        let finished = finish.await.unwrap().unwrap();
+        assert!(
+            finished.finished && finished.released,
+            "run end {i}: {finished:?}"
+        );
+    }
+    for (id, enqueue) in idle.iter().zip(enqueues) {
+        let answer = enqueue.await.unwrap();
+        if *id == bad {
+            assert!(
+                matches!(answer, Err(MemoryError::Database(_))),
+                "the overflowing lease is refused: {answer:?}"
+            );
+        } else {
+            assert!(answer.as_ref().is_ok_and(|e| e.inserted), "{answer:?}");
+        }
+    }
+    assert_eq!(
+        counters.fallbacks.get() - fallbacks_before,
+        2,
+        "the batch of both kinds ran its halves apart, and the enqueue half its calls one by one"
+    );
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM session_inbox WHERE session_id = ANY ($1)")
+            .bind(&idle)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, 3, "every input but the refused one is stored, once");
+    let entries: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM transcript_entries WHERE session_id = ANY ($1)")
+            .bind(running.iter().map(|(id, _, _)| *id).collect::<Vec<_>>())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(entries, 4, "each run end wrote its entry, once");
+}
+
+#[sqlx::test(migrations = "./migrations")]
 async fn a_call_postgres_rejects_fails_alone_and_the_rest_of_its_batch_stands(pool: PgPool) {
     let (store, counters) = one_lane_store(pool.clone());
     let mut sessions = Vec::new();
