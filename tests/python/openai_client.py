@@ -24,9 +24,9 @@ def main() -> None:
         model="agentloop",
         user=session,
         stream=True,
-        # The fake model's directive spaces the answer's pieces 20 ms apart, as a model
+        # The fake model's directive spaces the answer's pieces 50 ms apart, as a model
         # produces them; pieces that arrive together would go out as one chunk.
-        messages=[{"role": "user", "content": "streamed hello there[[chunk_delay_ms:20]]"}],
+        messages=[{"role": "user", "content": "streamed hello there[[chunk_delay_ms:50]]"}],
     )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:

@@ -28,9 +28,9 @@ async fn a_json_inbound_message_streams_events_replies_once_and_is_persisted() {
     let sandbox = Sandbox::start().await.unwrap();
     let mut events = sandbox.subscribe("events.>").await;
     let mut replies = sandbox.subscribe("deliver.cli.>").await;
-    // The echo, its pieces 20 ms apart, as a model produces them: each goes out as it comes.
+    // The echo, its pieces 50 ms apart, as a model produces them: each goes out as it comes.
     sandbox.fake.push_script(
-        ScriptedReply::text("echo: hello there").with_chunk_delay(Duration::from_millis(20)),
+        ScriptedReply::text("echo: hello there").with_chunk_delay(Duration::from_millis(50)),
     );
 
     // Act
@@ -139,20 +139,21 @@ async fn pieces_of_an_answer_that_arrive_together_go_out_as_one_delta() {
             .await
             .unwrap();
         let run = collect_run_events(&mut events, WAIT).await.unwrap();
-        let pieces: Vec<&str> = run
+        let sent: Vec<&str> = run
             .iter()
             .filter(|e| e.stream == "assistant" && e.phase == "delta")
             .map(|e| e.delta.as_str())
             .collect();
-        assert_eq!(pieces.concat(), format!("echo: {text}"), "run {n}: {run:?}");
-        deltas += pieces.len();
+        assert_eq!(sent.concat(), format!("echo: {text}"), "run {n}: {run:?}");
+        deltas += sent.len();
         let reply = next_reply(&mut replies, WAIT).await.unwrap();
         assert_eq!(reply.text, format!("echo: {text}"));
     }
-    // One event per run when every burst is gathered; a piece handed over late by the HTTP
-    // client's connection task (busy machine) may still go alone, hence the slack.
+    // One event per run when every burst is gathered (piece by piece it was 13); a piece handed
+    // over late by the HTTP client's connection task (a busy machine) may still go alone, hence
+    // the slack.
     assert!(
-        deltas <= runs * 3,
+        deltas < runs * pieces / 2,
         "{deltas} delta events for {runs} runs of {pieces} pieces that arrived together"
     );
     sandbox.shutdown().await.unwrap();

@@ -469,12 +469,12 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
         .json()
         .await
         .unwrap();
-    // The fake model's directive spaces the answer's pieces 20 ms apart, as a model produces
+    // The fake model's directive spaces the answer's pieces 50 ms apart, as a model produces
     // them: pieces that arrive together would go out as one chunk.
     let streamed = http
         .post(&url)
         .bearer_auth("tok")
-        .json(&body(true, "streamed words here[[chunk_delay_ms:20]]"))
+        .json(&body(true, "streamed words here[[chunk_delay_ms:50]]"))
         .send()
         .await
         .unwrap();

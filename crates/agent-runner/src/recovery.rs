@@ -267,11 +267,13 @@ impl RunCtx<'_> {
         let mut stream = self.shared.models.stream(request).await?;
         let mut text = String::new();
         let mut calls = Vec::new();
-        let mut held: Option<StreamEvent> = None;
+        // What ended a burst, handled after the burst's delta went out (an error included, so
+        // the text before it is not lost from the events).
+        let mut held: Option<Result<StreamEvent, ModelError>> = None;
         let mut ended = false;
         loop {
             let event = match held.take() {
-                Some(event) => event,
+                Some(event) => event?,
                 None if ended => break,
                 None => match stream.next().await {
                     Some(event) => event?,
@@ -280,11 +282,12 @@ impl RunCtx<'_> {
             };
             match event {
                 StreamEvent::TextDelta(mut delta) => {
-                    // Pieces that have already arrived go out as one event: nothing waits for
-                    // them, and a burst costs one message instead of one per piece. The HTTP
-                    // client hands the body over one chunk per poll (its connection task sends
-                    // the next one when asked), so a piece that came in the same read shows up
-                    // only after that task has run: a few yields per piece, never a wait.
+                    // Pieces that have already arrived go out as one event: a burst costs one
+                    // message instead of one per piece. The HTTP client hands the body over one
+                    // chunk per poll (its connection task sends the next one when asked), so a
+                    // piece that came in the same read shows up only after that task has run.
+                    // Hence a few yields per piece: a few passes through the runtime's queue,
+                    // no timer, and a piece still on its way is not waited for.
                     loop {
                         let mut next = stream.next().now_or_never();
                         for _ in 0..BURST_YIELDS {
@@ -297,7 +300,7 @@ impl RunCtx<'_> {
                         match next {
                             Some(Some(Ok(StreamEvent::TextDelta(more)))) => delta.push_str(&more),
                             Some(Some(next)) => {
-                                held = Some(next?);
+                                held = Some(next);
                                 break;
                             }
                             Some(None) => {

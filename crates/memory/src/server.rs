@@ -116,7 +116,7 @@ impl Memory {
         let counters = BatchCounters {
             batches: health.counter(
                 "agentloop_memory_batches_total",
-                "Batches of enqueues or run ends sent to Postgres (one round trip and commit each).",
+                "Run-path batches sent to Postgres (one round trip and commit each).",
             ),
             items: health.counter(
                 "agentloop_memory_batched_calls_total",
@@ -124,7 +124,11 @@ impl Memory {
             ),
             fallbacks: health.counter(
                 "agentloop_memory_batch_fallbacks_total",
-                "Batches that failed in Postgres and then ran their calls one by one.",
+                "Batches Postgres refused that ran again in parts (call by call, or as two halves).",
+            ),
+            combined: health.counter(
+                "agentloop_memory_combined_batches_total",
+                "Batches that carried enqueues and run ends together, as one statement.",
             ),
         };
         let database = {

@@ -38,8 +38,11 @@ pub struct BatchCounters {
     pub batches: Counter,
     /// Calls carried by those batches.
     pub items: Counter,
-    /// Batches that failed in Postgres and then ran their calls one by one.
+    /// Batches Postgres refused (rolled back) that ran again in parts: a batch of one kind
+    /// call by call, a batch of both kinds as its two halves (each of which may fall back too).
     pub fallbacks: Counter,
+    /// Batches that carried enqueues and run ends together, as one statement.
+    pub combined: Counter,
 }
 
 /// Calls waiting for a batch at most; beyond that a call is refused as overloaded (the caller
@@ -53,8 +56,8 @@ type Execute<I, O> = Arc<
         + Sync,
 >;
 
-/// Gathers calls of one kind into batches executed by `execute`, which returns one result per
-/// item, in item order.
+/// Gathers calls into batches executed by `execute`, which returns one result per item, in
+/// item order.
 pub(crate) struct Batcher<I, O> {
     settings: BatchSettings,
     counters: BatchCounters,
@@ -162,29 +165,29 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
 }
 
 /// Turns what a batch statement answered into one result per call, in call order; `None` when
-/// the batch failed for a reason that rolled it back (one bad call, a deadlock), so each call
-/// must run again on its own and only the bad one fails. Rows carry their 1-based position in
-/// `order` (the lock order the arrays were built in).
+/// Postgres refused the batch and rolled it back (one bad call, a deadlock), so each call must
+/// run again on its own and only the bad one fails.
 pub(crate) fn settle<O>(
     what: &str,
     answered: Result<Vec<(i32, O)>, sqlx::Error>,
     order: &[usize],
     counters: &BatchCounters,
 ) -> Option<Vec<Result<O, MemoryError>>> {
+    match answered {
+        Ok(rows) => Some(settle_rows(what, rows, order)),
+        Err(err) => judge(what, &err, order.len(), counters)
+            .map(|failure| failure.answers(what, &err, order.len())),
+    }
+}
+
+/// Maps a committed batch's rows, which carry their 1-based position in `order` (the lock order
+/// the arrays were built in), back to the calls, in call order.
+pub(crate) fn settle_rows<O>(
+    what: &str,
+    rows: Vec<(i32, O)>,
+    order: &[usize],
+) -> Vec<Result<O, MemoryError>> {
     let calls = order.len();
-    let rows = match answered {
-        Ok(rows) => rows,
-        Err(err) if super::error::is_outage(&err) => {
-            // Running the calls one by one would only wait out the pool timeout again and again.
-            tracing::debug!(error = %err, calls, "{what} batch failed: database unreachable");
-            return Some(unavailable(calls, &err));
-        }
-        Err(err) => {
-            counters.fallbacks.inc();
-            tracing::debug!(error = %err, calls, "{what} batch failed; running its calls one by one");
-            return None;
-        }
-    };
     let answered = rows.len();
     let mut results: Vec<Option<O>> = (0..calls).map(|_| None).collect();
     for (idx, row) in rows {
@@ -194,12 +197,66 @@ pub(crate) fn settle<O>(
         }
     }
     if answered == calls && results.iter().all(Option::is_some) {
-        return Some(results.into_iter().flatten().map(Ok).collect());
+        return results.into_iter().flatten().map(Ok).collect();
     }
     // It committed, so running the calls again could claim leases twice: every call fails
     // instead (and its caller retries).
     tracing::error!(calls, answered, "{what} batch answered out of shape");
-    Some(out_of_shape(what, calls))
+    out_of_shape(what, calls)
+}
+
+/// How the calls of a failed batch statement fail when they may not run again.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Failure {
+    /// The database could not be reached.
+    Unavailable,
+    /// Postgres committed, but the answer could not be read.
+    Unreadable,
+}
+
+impl Failure {
+    /// One failure per call, for `calls` calls.
+    pub(crate) fn answers<O>(
+        self,
+        what: &str,
+        err: &sqlx::Error,
+        calls: usize,
+    ) -> Vec<Result<O, MemoryError>> {
+        match self {
+            Self::Unavailable => unavailable(calls, err),
+            Self::Unreadable => out_of_shape(what, calls),
+        }
+    }
+}
+
+/// Judges a batch statement of `calls` calls that failed: `None` when Postgres refused it, so
+/// nothing was written and each call may run again on its own; otherwise how every call fails.
+pub(crate) fn judge(
+    what: &str,
+    err: &sqlx::Error,
+    calls: usize,
+    counters: &BatchCounters,
+) -> Option<Failure> {
+    if super::error::is_outage(err) {
+        // Running the calls one by one would only wait out the pool timeout again and again.
+        tracing::debug!(error = %err, calls, "{what} batch failed: database unreachable");
+        return Some(Failure::Unavailable);
+    }
+    if rolled_back(err) {
+        counters.fallbacks.inc();
+        tracing::debug!(error = %err, calls, "{what} batch failed; running its calls apart");
+        return None;
+    }
+    // Failed reading an answer Postgres had already committed: running the calls again would
+    // find their work done (a run finished, a lease taken by this very call) and answer wrongly.
+    tracing::error!(error = %err, calls, "{what} batch committed but its answer could not be read");
+    Some(Failure::Unreadable)
+}
+
+/// Whether a failed statement wrote nothing: Postgres refused it (and, in autocommit, rolled it
+/// back), or its arguments could not be encoded, so it was never sent.
+fn rolled_back(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(_) | sqlx::Error::Encode(_))
 }
 
 /// Fails `calls` calls of a committed batch whose answer did not match them.
@@ -255,6 +312,38 @@ pub(crate) fn lock_order<T>(items: &[T], session: impl Fn(&T) -> uuid::Uuid) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_statement_that_wrote_nothing_runs_again() {
+        let counters = BatchCounters::default();
+        let unsent = sqlx::Error::Encode("a value that cannot be encoded".into());
+        assert!(judge("test", &unsent, 3, &counters).is_none());
+        assert_eq!(counters.fallbacks.get(), 1);
+        let outage = sqlx::Error::Io(std::io::Error::other("connection reset"));
+        assert!(matches!(
+            judge("test", &outage, 3, &counters),
+            Some(Failure::Unavailable)
+        ));
+        // Postgres committed; the answer is what could not be read.
+        let unreadable = sqlx::Error::ColumnNotFound("held".to_owned());
+        assert!(matches!(
+            judge("test", &unreadable, 3, &counters),
+            Some(Failure::Unreadable)
+        ));
+        assert_eq!(
+            counters.fallbacks.get(),
+            1,
+            "only the unsent statement ran again"
+        );
+        let answers: Vec<Result<(), MemoryError>> =
+            Failure::Unreadable.answers("test", &unreadable, 3);
+        assert_eq!(answers.len(), 3);
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Err(MemoryError::Internal(_))))
+        );
+    }
 
     #[test]
     fn lock_order_sorts_by_session_and_keeps_each_sessions_arrival_order() {

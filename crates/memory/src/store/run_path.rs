@@ -46,7 +46,7 @@ impl RunPath {
         }
     }
 
-    /// Runs one `agentloop_enqueue` in the next batch.
+    /// Runs one enqueue (as `agentloop_enqueue` answers it) in the next batch.
     pub(crate) async fn enqueue(&self, args: EnqueueArgs) -> Result<EnqueueRow, MemoryError> {
         match self.batcher.call(Call::Enqueue(args)).await? {
             Answer::Enqueue(row) => Ok(row),
@@ -54,7 +54,7 @@ impl RunPath {
         }
     }
 
-    /// Runs one `agentloop_finish_run` in the next batch.
+    /// Runs one run end (as `agentloop_finish_run` answers it) in the next batch.
     pub(crate) async fn finish(&self, args: FinishArgs) -> Result<FinishRow, MemoryError> {
         match self.batcher.call(Call::Finish(args)).await? {
             Answer::Finish(row) => Ok(row),
@@ -63,12 +63,13 @@ impl RunPath {
     }
 }
 
+/// The error for an answer of the wrong kind (a bug in `execute`, never expected).
 fn mismatch() -> MemoryError {
     MemoryError::Internal("a run-path call was answered for a call of the other kind".to_owned())
 }
 
-/// Runs a batch: each kind alone as before, both kinds as one `agentloop_run_path`. Returns one
-/// result per call, in call order.
+/// Runs a batch: a batch of one kind through that kind's batch function, both kinds as one
+/// `agentloop_run_path`. Returns one result per call, in call order.
 async fn execute(
     pool: &PgPool,
     calls: Vec<Call>,
@@ -139,6 +140,7 @@ impl<'r> sqlx::FromRow<'r, PgRow> for Row {
     }
 }
 
+/// The answers of a batch of both kinds: run ends, then enqueues, each in its calls' order.
 type Halves = (
     Vec<Result<FinishRow, MemoryError>>,
     Vec<Result<EnqueueRow, MemoryError>>,
@@ -164,8 +166,10 @@ async fn both(
             .fetch_all(pool)
             .await
     };
+    let (finish_calls, enqueue_calls) = (finishes.len(), enqueues.len());
     match answered {
         Ok(rows) => {
+            counters.combined.inc();
             let (mut finish_rows, mut enqueue_rows) = (Vec::new(), Vec::new());
             for row in rows {
                 match row {
@@ -173,26 +177,22 @@ async fn both(
                     Row::Enqueue(r) => enqueue_rows.push((r.idx, r.row)),
                 }
             }
-            // Answered rows always settle (as results, or as failures when out of shape).
-            let finished = batch::settle("finish", Ok(finish_rows), &finish_order, counters)
-                .unwrap_or_else(|| batch::out_of_shape("finish", finish_order.len()));
-            let enqueued = batch::settle("enqueue", Ok(enqueue_rows), &enqueue_order, counters)
-                .unwrap_or_else(|| batch::out_of_shape("enqueue", enqueue_order.len()));
-            (finished, enqueued)
-        }
-        Err(err) if super::error::is_outage(&err) => {
-            tracing::debug!(error = %err, calls = finishes.len() + enqueues.len(), "run-path batch failed: database unreachable");
             (
-                batch::unavailable(finishes.len(), &err),
-                batch::unavailable(enqueues.len(), &err),
+                batch::settle_rows("finish", finish_rows, &finish_order),
+                batch::settle_rows("enqueue", enqueue_rows, &enqueue_order),
             )
         }
-        Err(err) => {
-            counters.fallbacks.inc();
-            tracing::debug!(error = %err, calls = finishes.len() + enqueues.len(), "run-path batch failed; running its halves apart");
-            let finished = finish::finish_batch(pool, finishes, counters).await;
-            let enqueued = inbox::enqueue_batch(pool, enqueues, counters).await;
-            (finished, enqueued)
-        }
+        Err(err) => match batch::judge("run-path", &err, finish_calls + enqueue_calls, counters) {
+            // Refused and rolled back: each half on its own, run ends first.
+            None => {
+                let finished = finish::finish_batch(pool, finishes, counters).await;
+                let enqueued = inbox::enqueue_batch(pool, enqueues, counters).await;
+                (finished, enqueued)
+            }
+            Some(failure) => (
+                failure.answers("finish", &err, finish_calls),
+                failure.answers("enqueue", &err, enqueue_calls),
+            ),
+        },
     }
 }

@@ -713,17 +713,18 @@ async fn enqueues_and_run_ends_of_many_sessions_share_batches_and_each_gets_its_
     }
 }
 
-#[sqlx::test(migrations = "./migrations")]
-async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends_go_first(
-    pool: PgPool,
-) {
-    let (store, counters) = one_lane_store(pool.clone());
+/// Sessions `{prefix}-{i}`, each with its input "first" taken by `runner-a`: (id, epoch, taken).
+async fn running_sessions(
+    store: &Store,
+    prefix: &str,
+    n: usize,
+) -> Vec<(Uuid, i64, agentloop_memory::Taken)> {
     let mut running = Vec::new();
-    for i in 0..8 {
+    for i in 0..n {
         let session = store
-            .resolve_session(&format!("mixed-{i}"), "main", None)
+            .resolve_session(&format!("{prefix}-{i}"), "main", None)
             .await
-            .unwrap();
+            .expect("resolve succeeds");
         let ask = Some(HistoryAsk {
             limit: 10,
             after_seq: 0,
@@ -739,63 +740,105 @@ async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends
                 ask,
             )
             .await
-            .unwrap();
+            .expect("enqueue succeeds");
         let took = took
             .and_then(|(took, _)| took)
             .expect("its input was taken");
         running.push((session.id, claim.epoch, took));
     }
-    let blocker = store
-        .resolve_session("mixed-blocker", "main", None)
-        .await
-        .unwrap()
-        .id;
+    running
+}
 
-    // The lane's batch waits on a row this transaction holds, so the calls made meanwhile queue
-    // up and all go in the batch after it.
-    let mut hold = pool.begin().await.unwrap();
+/// Holds the one lane of `store` in a batch that waits on a row lock of the returned
+/// transaction (the lane is known to wait once Postgres shows the lock wait), so calls made
+/// until the transaction ends queue up and go together in the next batch.
+async fn hold_the_lane(
+    pool: &PgPool,
+    store: &Store,
+) -> (
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    tokio::task::JoinHandle<Result<agentloop_memory::Enqueued, MemoryError>>,
+) {
+    let blocker = store
+        .resolve_session("lane-blocker", "main", None)
+        .await
+        .expect("resolve succeeds")
+        .id;
+    let mut hold = pool.begin().await.expect("a transaction");
     sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
         .bind(blocker)
         .execute(&mut *hold)
         .await
-        .unwrap();
-    let before = (counters.batches.get(), counters.items.get());
+        .expect("the row is locked");
     let blocked = tokio::spawn({
         let store = store.clone();
         async move { store.enqueue(blocker, "b", InboxKind::User, b"b").await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let finishes = running.iter().map(|(id, epoch, took)| {
-        let (store, id, epoch) = (store.clone(), *id, *epoch);
-        let run = outcome(took.run.id, took.item.seq, 1);
-        async move {
-            store
-                .finish_run_and_release(id, epoch, run, vec![entry("u", "question")], true)
-                .await
-        }
-    });
-    let enqueues = running.iter().map(|(id, _, _)| {
-        let (store, id) = (store.clone(), *id);
-        async move {
-            let ask = Some(HistoryAsk {
-                limit: 10,
-                after_seq: 0,
-            });
-            store
-                .enqueue_claim_take(
-                    id,
-                    "second",
-                    InboxKind::User,
-                    b"2",
-                    "runner-b",
-                    LONG_TTL,
-                    ask,
-                )
-                .await
-        }
-    });
-    let finishes: Vec<_> = finishes.map(tokio::spawn).collect();
-    let enqueues: Vec<_> = enqueues.map(tokio::spawn).collect();
+    wait_until(
+        "the held batch to wait on the lock",
+        Duration::from_secs(10),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("pg_stat_activity answers");
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    (hold, blocked)
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends_go_first(
+    pool: PgPool,
+) {
+    let (store, counters) = one_lane_store(pool.clone());
+    let running = running_sessions(&store, "mixed", 8).await;
+    // Session 0 has a second input pending when its run ends: it keeps its lease.
+    store
+        .enqueue(running[0].0, "pending", InboxKind::User, b"p")
+        .await
+        .unwrap();
+
+    let (hold, blocked) = hold_the_lane(&pool, &store).await;
+    let before = (counters.batches.get(), counters.items.get());
+    let combined_before = counters.combined.get();
+    let finishes: Vec<_> = running
+        .iter()
+        .enumerate()
+        .map(|(i, (id, epoch, took))| {
+            let (store, id, epoch) = (store.clone(), *id, *epoch);
+            let run = outcome(took.run.id, took.item.seq, 1);
+            let entries = vec![entry(&format!("u-{i}"), &format!("question {i}"))];
+            tokio::spawn(async move {
+                store
+                    .finish_run_and_release(id, epoch, run, entries, true)
+                    .await
+            })
+        })
+        .collect();
+    let enqueues: Vec<_> = running
+        .iter()
+        .enumerate()
+        .map(|(i, (id, _, _))| {
+            let (store, id) = (store.clone(), *id);
+            tokio::spawn(async move {
+                let ask = Some(HistoryAsk {
+                    limit: 10,
+                    after_seq: 0,
+                });
+                let key = format!("second-{i}");
+                store
+                    .enqueue_claim_take(id, &key, InboxKind::User, b"2", "runner-b", LONG_TTL, ask)
+                    .await
+            })
+        })
+        .collect();
+    // Spawned calls reach the lane's queue at their first poll; give them time to.
     tokio::time::sleep(Duration::from_millis(300)).await;
     hold.commit().await.unwrap();
 
@@ -803,14 +846,20 @@ async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends
     for (i, finish) in finishes.into_iter().enumerate() {
         let finished = finish.await.unwrap().unwrap();
         assert!(finished.finished, "session {i}");
-        assert!(
+        assert_eq!(
             finished.released,
-            "session {i}: nothing was pending when its run ended"
+            i != 0,
+            "session {i}: released unless input is pending"
         );
     }
     for (i, enqueue) in enqueues.into_iter().enumerate() {
         let (enqueued, claim, took) = enqueue.await.unwrap().unwrap();
         assert!(enqueued.inserted, "session {i}");
+        if i == 0 {
+            assert!(!claim.claimed, "session 0 kept its lease");
+            assert_eq!(claim.owner.as_deref(), Some("runner-a"));
+            continue;
+        }
         assert!(
             claim.claimed,
             "session {i}: the run end before it in the batch gave the lease back"
@@ -818,24 +867,25 @@ async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends
         assert_eq!(claim.owner.as_deref(), Some("runner-b"));
         let (took, history) = took.expect("asked to take");
         let took = took.expect("its input was pending");
-        assert_eq!(took.item.idempotency_key, "second", "session {i}");
+        assert_eq!(took.item.idempotency_key, format!("second-{i}"));
         let contents: Vec<&str> = history.1.iter().map(|e| e.content.as_str()).collect();
         assert_eq!(
             contents,
-            ["question"],
-            "session {i}: the history the run end wrote"
+            [format!("question {i}")],
+            "session {i}: the history its own run end wrote"
         );
     }
     let after = (counters.batches.get(), counters.items.get());
-    assert_eq!(
-        after.1 - before.1,
-        17,
-        "the blocked call, 8 run ends and 8 enqueues"
-    );
+    assert_eq!(after.1 - before.1, 16, "8 run ends and 8 enqueues");
     assert_eq!(
         after.0 - before.0,
-        2,
-        "the blocked batch, then one batch of run ends and enqueues together"
+        1,
+        "the calls queued behind the held batch went as one batch"
+    );
+    assert_eq!(
+        counters.combined.get() - combined_before,
+        1,
+        "one statement carried both kinds"
     );
     assert_eq!(
         counters.fallbacks.get(),
@@ -847,33 +897,7 @@ async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends
 #[sqlx::test(migrations = "./migrations")]
 async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(pool: PgPool) {
     let (store, counters) = one_lane_store(pool.clone());
-    let mut running = Vec::new();
-    for i in 0..4 {
-        let session = store
-            .resolve_session(&format!("mixed-bad-run-{i}"), "main", None)
-            .await
-            .unwrap();
-        let ask = Some(HistoryAsk {
-            limit: 10,
-            after_seq: 0,
-        });
-        let (_, claim, took) = store
-            .enqueue_claim_take(
-                session.id,
-                "first",
-                InboxKind::User,
-                b"1",
-                "runner-a",
-                LONG_TTL,
-                ask,
-            )
-            .await
-            .unwrap();
-        let took = took
-            .and_then(|(took, _)| took)
-            .expect("its input was taken");
-        running.push((session.id, claim.epoch, took));
-    }
+    let running = running_sessions(&store, "mixed-bad-run", 4).await;
     let mut idle = Vec::new();
     for i in 0..4 {
         let session = store
@@ -883,56 +907,44 @@ async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(poo
         idle.push(session.id);
     }
     let bad = idle[2];
-    let blocker = store
-        .resolve_session("mixed-bad-blocker", "main", None)
-        .await
-        .unwrap()
-        .id;
 
-    // As in the test above: the calls queue behind a batch held on a row lock, then go together.
-    let mut hold = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-        .bind(blocker)
-        .execute(&mut *hold)
-        .await
-        .unwrap();
-    let blocked = tokio::spawn({
-        let store = store.clone();
-        async move { store.enqueue(blocker, "b", InboxKind::User, b"b").await }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (hold, blocked) = hold_the_lane(&pool, &store).await;
     let finishes: Vec<_> = running
         .iter()
-        .map(|(id, epoch, took)| {
+        .enumerate()
+        .map(|(i, (id, epoch, took))| {
             let (store, id, epoch) = (store.clone(), *id, *epoch);
             let run = outcome(took.run.id, took.item.seq, 1);
+            let entries = vec![entry(&format!("u-{i}"), &format!("question {i}"))];
             tokio::spawn(async move {
                 store
-                    .finish_run_and_release(id, epoch, run, vec![entry("u", "question")], true)
+                    .finish_run_and_release(id, epoch, run, entries, true)
                     .await
             })
         })
         .collect();
     let enqueues: Vec<_> = idle
         .iter()
-        .map(|&id| {
+        .enumerate()
+        .map(|(i, &id)| {
             let store = store.clone();
             tokio::spawn(async move {
+                let key = format!("x-{i}");
                 if id == bad {
                     // A lease that long overflows Postgres' interval: the statement fails.
                     let ttl = Duration::from_millis(i64::MAX as u64);
                     store
-                        .enqueue_claim_take(id, "x", InboxKind::User, b"x", "runner-b", ttl, None)
+                        .enqueue_claim_take(id, &key, InboxKind::User, b"x", "runner-b", ttl, None)
                         .await
                         .map(|(enqueued, _, _)| enqueued)
                 } else {
-                    store.enqueue(id, "x", InboxKind::User, b"x").await
+                    store.enqueue(id, &key, InboxKind::User, b"x").await
                 }
             })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let fallbacks_before = counters.fallbacks.get();
+    let (fallbacks_before, combined_before) = (counters.fallbacks.get(), counters.combined.get());
     hold.commit().await.unwrap();
 
     assert!(blocked.await.unwrap().unwrap().inserted);
@@ -943,7 +955,7 @@ async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(poo
             "run end {i}: {finished:?}"
         );
     }
-    for (id, enqueue) in idle.iter().zip(enqueues) {
+    for (i, (id, enqueue)) in idle.iter().zip(enqueues).enumerate() {
         let answer = enqueue.await.unwrap();
         if *id == bad {
             assert!(
@@ -951,7 +963,10 @@ async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(poo
                 "the overflowing lease is refused: {answer:?}"
             );
         } else {
-            assert!(answer.as_ref().is_ok_and(|e| e.inserted), "{answer:?}");
+            assert!(
+                answer.as_ref().is_ok_and(|e| e.inserted),
+                "enqueue {i}: {answer:?}"
+            );
         }
     }
     assert_eq!(
@@ -959,20 +974,38 @@ async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(poo
         2,
         "the batch of both kinds ran its halves apart, and the enqueue half its calls one by one"
     );
-    let stored: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM session_inbox WHERE session_id = ANY ($1)")
-            .bind(&idle)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(stored, 3, "every input but the refused one is stored, once");
-    let entries: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM transcript_entries WHERE session_id = ANY ($1)")
-            .bind(running.iter().map(|(id, _, _)| *id).collect::<Vec<_>>())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(entries, 4, "each run end wrote its entry, once");
+    assert_eq!(
+        counters.combined.get(),
+        combined_before,
+        "the refused statement is not counted as a combined batch"
+    );
+    let stored: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT session_id, idempotency_key FROM session_inbox WHERE session_id = ANY ($1) \
+         ORDER BY idempotency_key",
+    )
+    .bind(&idle)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let expected: Vec<(Uuid, String)> = idle
+        .iter()
+        .enumerate()
+        .filter(|(_, id)| **id != bad)
+        .map(|(i, id)| (*id, format!("x-{i}")))
+        .collect();
+    assert_eq!(
+        stored, expected,
+        "every input but the refused one is stored, once"
+    );
+    for (i, (id, _, _)) in running.iter().enumerate() {
+        let history = store.get_history(*id, 10).await.unwrap();
+        let contents: Vec<&str> = history.iter().map(|e| e.content.as_str()).collect();
+        assert_eq!(
+            contents,
+            [format!("question {i}")],
+            "run end {i} wrote its entry, once"
+        );
+    }
 }
 
 #[sqlx::test(migrations = "./migrations")]
