@@ -749,6 +749,28 @@ async fn running_sessions(
     running
 }
 
+/// Ends each run of `running` (session i writes "question {i}" and asks to give its lease back),
+/// every call in a task of its own.
+fn spawn_run_ends(
+    store: &Store,
+    running: &[(Uuid, i64, agentloop_memory::Taken)],
+) -> Vec<tokio::task::JoinHandle<Result<agentloop_memory::Finished, MemoryError>>> {
+    running
+        .iter()
+        .enumerate()
+        .map(|(i, (id, epoch, took))| {
+            let (store, id, epoch) = (store.clone(), *id, *epoch);
+            let run = outcome(took.run.id, took.item.seq, 1);
+            let entries = vec![entry(&format!("u-{i}"), &format!("question {i}"))];
+            tokio::spawn(async move {
+                store
+                    .finish_run_and_release(id, epoch, run, entries, true)
+                    .await
+            })
+        })
+        .collect()
+}
+
 /// Holds the one lane of `store` in a batch that waits on a row lock of the returned
 /// transaction (the lane is known to wait once Postgres shows the lock wait), so calls made
 /// until the transaction ends queue up and go together in the next batch.
@@ -807,20 +829,7 @@ async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends
     let (hold, blocked) = hold_the_lane(&pool, &store).await;
     let before = (counters.batches.get(), counters.items.get());
     let combined_before = counters.combined.get();
-    let finishes: Vec<_> = running
-        .iter()
-        .enumerate()
-        .map(|(i, (id, epoch, took))| {
-            let (store, id, epoch) = (store.clone(), *id, *epoch);
-            let run = outcome(took.run.id, took.item.seq, 1);
-            let entries = vec![entry(&format!("u-{i}"), &format!("question {i}"))];
-            tokio::spawn(async move {
-                store
-                    .finish_run_and_release(id, epoch, run, entries, true)
-                    .await
-            })
-        })
-        .collect();
+    let finishes = spawn_run_ends(&store, &running);
     let enqueues: Vec<_> = running
         .iter()
         .enumerate()
@@ -909,20 +918,7 @@ async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(poo
     let bad = idle[2];
 
     let (hold, blocked) = hold_the_lane(&pool, &store).await;
-    let finishes: Vec<_> = running
-        .iter()
-        .enumerate()
-        .map(|(i, (id, epoch, took))| {
-            let (store, id, epoch) = (store.clone(), *id, *epoch);
-            let run = outcome(took.run.id, took.item.seq, 1);
-            let entries = vec![entry(&format!("u-{i}"), &format!("question {i}"))];
-            tokio::spawn(async move {
-                store
-                    .finish_run_and_release(id, epoch, run, entries, true)
-                    .await
-            })
-        })
-        .collect();
+    let finishes = spawn_run_ends(&store, &running);
     let enqueues: Vec<_> = idle
         .iter()
         .enumerate()
