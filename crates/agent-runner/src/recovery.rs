@@ -6,7 +6,6 @@
 
 use std::collections::HashSet;
 
-use futures::FutureExt as _;
 use serde_json::json;
 
 use agentloop_model::{
@@ -289,13 +288,13 @@ impl RunCtx<'_> {
                     // Hence a few yields per piece: a few passes through the runtime's queue,
                     // no timer, and a piece still on its way is not waited for.
                     loop {
-                        let mut next = stream.next().now_or_never();
+                        let mut next = stream.next_ready();
                         for _ in 0..BURST_YIELDS {
                             if next.is_some() {
                                 break;
                             }
                             tokio::task::yield_now().await;
-                            next = stream.next().now_or_never();
+                            next = stream.next_ready();
                         }
                         match next {
                             Some(Some(Ok(StreamEvent::TextDelta(more)))) => delta.push_str(&more),

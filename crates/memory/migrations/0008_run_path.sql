@@ -29,12 +29,11 @@ RETURNS TABLE (is_finish boolean, idx int, f_held boolean, f_found boolean, f_fi
                h_tool_call_id text[], h_tool_name text[], h_data text[],
                h_created_at timestamptz[], h_delta boolean)
 LANGUAGE plpgsql
--- As the halves are planned (see 0006): by key, whatever the tables hold.
+-- Its one statement of its own finds sessions by key whatever the table holds (see 0006); the
+-- halves carry their own settings.
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 BEGIN

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt as _, Stream, StreamExt};
 
 use crate::sse::{SseEvent, SseParser};
 use crate::types::StreamEvent;
@@ -97,14 +97,8 @@ impl ModelStream {
     /// event, `Protocol` for a malformed or truncated stream, `Transport` when the connection drops.
     pub async fn next(&mut self) -> Option<Result<StreamEvent, ModelError>> {
         loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Some(Ok(event));
-            }
-            if let Some(error) = self.error.take() {
-                return Some(Err(error));
-            }
-            if self.finished {
-                return None;
+            if let Some(ready) = self.take_ready() {
+                return ready;
             }
             match tokio::time::timeout(self.idle_timeout, self.body.next()).await {
                 Err(_) => {
@@ -115,22 +109,52 @@ impl ModelStream {
                             .unwrap_or(u64::MAX),
                     }));
                 }
-                Ok(Some(Err(err))) => {
+                Ok(chunk) => self.on_body(chunk),
+            }
+        }
+    }
+
+    /// Returns what [`ModelStream::next`] would without waiting: `None` when the next event has
+    /// not arrived yet. Reads only bytes already there, so it arms no idle timer.
+    pub fn next_ready(&mut self) -> Option<Option<Result<StreamEvent, ModelError>>> {
+        loop {
+            if let Some(ready) = self.take_ready() {
+                return Some(ready);
+            }
+            let chunk = self.body.next().now_or_never()?;
+            self.on_body(chunk);
+        }
+    }
+
+    /// The answer already decided, if any: a decoded event, the error, or the end.
+    fn take_ready(&mut self) -> Option<Option<Result<StreamEvent, ModelError>>> {
+        if let Some(event) = self.pending.pop_front() {
+            return Some(Some(Ok(event)));
+        }
+        if let Some(error) = self.error.take() {
+            return Some(Some(Err(error)));
+        }
+        self.finished.then_some(None)
+    }
+
+    /// Takes in what the body yielded: bytes, a transport error, or its end.
+    fn on_body(&mut self, chunk: Option<reqwest::Result<Bytes>>) {
+        match chunk {
+            Some(Err(err)) => {
+                self.finished = true;
+                self.error = Some(ModelError::transport(self.provider, &self.url, err));
+            }
+            Some(Ok(bytes)) => {
+                self.parser.push(&bytes, &mut self.events);
+                self.decode();
+            }
+            None => {
+                self.parser.finish(&mut self.events);
+                self.decode();
+                if !self.finished {
                     self.finished = true;
-                    return Some(Err(ModelError::transport(self.provider, &self.url, err)));
-                }
-                Ok(Some(Ok(bytes))) => {
-                    self.parser.push(&bytes, &mut self.events);
-                    self.decode();
-                }
-                Ok(None) => {
-                    self.parser.finish(&mut self.events);
-                    self.decode();
-                    if !self.finished {
-                        self.finished = true;
-                        if let Err(err) = self.decoder.on_eof(&mut self.pending) {
-                            self.error = Some(err);
-                        }
+                    if let Err(err) = self.decoder.on_eof(&mut self.pending) {
+                        self.error = Some(err);
                     }
                 }
             }

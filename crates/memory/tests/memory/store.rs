@@ -595,6 +595,25 @@ async fn all<T: Send + 'static>(
     answers
 }
 
+/// Enqueues `key`; when `refused`, with a claim whose lease is so long that it overflows
+/// Postgres' interval, so the statement carrying it fails.
+async fn enqueue_or_refused(
+    store: &Store,
+    id: Uuid,
+    key: &str,
+    refused: bool,
+) -> Result<agentloop_memory::Enqueued, MemoryError> {
+    if refused {
+        let ttl = Duration::from_millis(i64::MAX as u64);
+        store
+            .enqueue_claim_take(id, key, InboxKind::User, b"x", "runner-a", ttl, None)
+            .await
+            .map(|(enqueued, _, _)| enqueued)
+    } else {
+        store.enqueue(id, key, InboxKind::User, b"x").await
+    }
+}
+
 /// A store whose run path has one lane, so calls made together queue behind the first one and
 /// share a batch.
 fn one_lane_store(pool: PgPool) -> (Store, agentloop_memory::BatchCounters) {
@@ -925,17 +944,7 @@ async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(poo
         .map(|(i, &id)| {
             let store = store.clone();
             tokio::spawn(async move {
-                let key = format!("x-{i}");
-                if id == bad {
-                    // A lease that long overflows Postgres' interval: the statement fails.
-                    let ttl = Duration::from_millis(i64::MAX as u64);
-                    store
-                        .enqueue_claim_take(id, &key, InboxKind::User, b"x", "runner-b", ttl, None)
-                        .await
-                        .map(|(enqueued, _, _)| enqueued)
-                } else {
-                    store.enqueue(id, &key, InboxKind::User, b"x").await
-                }
+                enqueue_or_refused(&store, id, &format!("x-{i}"), id == bad).await
             })
         })
         .collect();
@@ -1020,19 +1029,7 @@ async fn a_call_postgres_rejects_fails_alone_and_the_rest_of_its_batch_stands(po
     let before = (counters.batches.get(), counters.items.get());
     let enqueues = sessions.iter().enumerate().map(|(i, &id)| {
         let store = store.clone();
-        async move {
-            let key = format!("key-{i}");
-            if id == bad {
-                // A lease that long overflows Postgres' interval: the statement fails.
-                let ttl = Duration::from_millis(i64::MAX as u64);
-                store
-                    .enqueue_claim_take(id, &key, InboxKind::User, b"x", "runner-a", ttl, None)
-                    .await
-                    .map(|(enqueued, _, _)| enqueued)
-            } else {
-                store.enqueue(id, &key, InboxKind::User, b"x").await
-            }
-        }
+        async move { enqueue_or_refused(&store, id, &format!("key-{i}"), id == bad).await }
     });
     let answers = all(enqueues).await;
     let after = (counters.batches.get(), counters.items.get());
