@@ -50,7 +50,8 @@ pub(crate) struct Context<'m> {
     /// The transcript seq the prior messages reach up to.
     pub(crate) prior_through_seq: i64,
     pub(crate) system: &'m str,
-    pub(crate) tools: &'m [ToolSpec],
+    /// Lent to each request like the messages, and given back after it.
+    pub(crate) tools: &'m mut Vec<ToolSpec>,
     pub(crate) compactions: u32,
 }
 
@@ -117,13 +118,14 @@ impl RunCtx<'_> {
                     model: model.clone(),
                     system: Some(cx.system.to_owned()),
                     messages: std::mem::take(cx.messages),
-                    tools: cx.tools.to_vec(),
+                    tools: std::mem::take(cx.tools),
                     max_tokens: None,
                     thinking: thinking.clone(),
                     credential: profile.credential.clone(),
                 };
                 let streamed = self.stream_turn(&request).await;
                 *cx.messages = std::mem::take(&mut request.messages);
+                *cx.tools = std::mem::take(&mut request.tools);
                 let err = match streamed {
                     Ok(answer) => {
                         if profile.tracked {

@@ -613,20 +613,26 @@ async fn converse(
         .collect();
     // The history came with the input; a resumed run finds its own inputs in it already.
     let entries: &[Entry] = &history;
+    // This run's entries, if any, are the window's tail: the session's lease lets one run at a
+    // time write, and a resumed run continues its own. Scanning only the tail keeps the work per
+    // run independent of the history's length.
+    let first_of_run = entries.len()
+        - entries
+            .iter()
+            .rev()
+            .take_while(|e| e.run_id == ctx.run.id)
+            .count();
+    let own = &entries[first_of_run..];
     if let Ok(mut unwritten) = ctx.unwritten.lock() {
         unwritten.extend(
             user_entries
                 .into_iter()
-                .filter(|entry| !entries.iter().any(|e| e.key == entry.key)),
+                .filter(|entry| !own.iter().any(|e| e.key == entry.key)),
         );
     }
     let mut messages = prompt::conversation(entries, &ctx.run.id);
-    // What came before this run is what a compaction may summarize.
-    let first_of_run = entries
-        .iter()
-        .position(|e| e.run_id == ctx.run.id)
-        .unwrap_or(entries.len());
-    // A new run has nothing of its own in the history yet: all of it came before.
+    // What came before this run is what a compaction may summarize; a new run has nothing of
+    // its own in the history yet, so all of it came before.
     let mut prior = if first_of_run == entries.len() {
         messages.len()
     } else {
@@ -639,15 +645,12 @@ async fn converse(
         .unwrap_or(0);
     let mut compactions = 0;
     for (key, text) in &inputs {
-        if !entries.iter().any(|e| &e.key == key) {
+        if !own.iter().any(|e| &e.key == key) {
             messages.push(ChatMessage::user(text.clone()));
         }
     }
     // A resumed run continues after its last persisted step.
-    let mut turn: u32 = entries
-        .iter()
-        .filter(|e| e.run_id == ctx.run.id && e.role == "assistant")
-        .count() as u32;
+    let mut turn: u32 = own.iter().filter(|e| e.role == "assistant").count() as u32;
     ctx.turns.store(turn, std::sync::atomic::Ordering::SeqCst);
 
     let known: Vec<Arc<dyn Tool>> = shared
@@ -657,13 +660,9 @@ async fn converse(
         .chain(shared.remote_tools.tools())
         .collect();
     let tools = ToolSet::build(known, &ctx.agent.tools_allow, &ctx.agent.tools_deny);
-    let specs = tools.specs();
+    let mut specs = tools.specs();
 
-    if let Some(last) = entries
-        .iter()
-        .rev()
-        .find(|e| e.run_id == ctx.run.id && e.role == "assistant")
-    {
+    if let Some(last) = own.iter().rev().find(|e| e.role == "assistant") {
         let answered: Vec<&str> = entries
             .iter()
             .filter(|e| e.role == "tool")
@@ -744,7 +743,7 @@ async fn converse(
             prior,
             prior_through_seq,
             system: &system,
-            tools: &specs,
+            tools: &mut specs,
             compactions,
         };
         let answer = ctx.answer(&mut cx).await?;

@@ -72,10 +72,11 @@ pub trait Tool: Send + Sync {
     ) -> BoxFuture<'a, Result<String, ToolError>>;
 }
 
-/// The tools an agent may use, by name.
+/// The tools an agent may use, by name, with their specs (each built once per set: a spec
+/// holds a JSON schema, and building one is the most expensive part of a tool lookup).
 #[derive(Clone, Default)]
 pub(crate) struct ToolSet {
-    tools: BTreeMap<String, Arc<dyn Tool>>,
+    tools: BTreeMap<String, (Arc<dyn Tool>, ToolSpec)>,
 }
 
 impl ToolSet {
@@ -88,22 +89,24 @@ impl ToolSet {
     ) -> Self {
         let mut tools = BTreeMap::new();
         for tool in known {
-            let name = tool.spec().name;
-            let allowed = allow.iter().any(|a| a == "*" || *a == name);
-            let denied = deny.iter().any(|d| d == "*" || *d == name);
+            let spec = tool.spec();
+            let name = spec.name.as_str();
+            let allowed = allow.iter().any(|a| a == "*" || a == name);
+            let denied = deny.iter().any(|d| d == "*" || d == name);
             if allowed && !denied {
-                tools.insert(name, tool);
+                tools.insert(spec.name.clone(), (tool, spec));
             }
         }
         Self { tools }
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name)
+        self.tools.get(name).map(|(tool, _)| tool)
     }
 
+    /// The specs in name order.
     pub(crate) fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.values().map(|t| t.spec()).collect()
+        self.tools.values().map(|(_, spec)| spec.clone()).collect()
     }
 }
 
