@@ -145,7 +145,7 @@ impl Memory {
         let (served, supervised) = tokio::join!(grpc, database);
         readiness.set(false);
         if let Some(store) = slot.get() {
-            store.pool().close().await;
+            store.close().await;
         }
         tracing::info!("memory stopped");
         supervised.and(served)

@@ -5,7 +5,7 @@ use std::time::Duration;
 use agentloop_memory::{
     HistoryAsk, InboxKind, MemoryError, NewEntry, RunOutcome, RunStatus, Store,
 };
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 use uuid::Uuid;
 
 use crate::wait_until;
@@ -623,6 +623,45 @@ fn one_lane_store(pool: PgPool) -> (Store, agentloop_memory::BatchCounters) {
         max_items: 64,
     };
     (Store::with_batching(pool, settings, &counters), counters)
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn run_path_batches_keep_to_one_backend_whatever_the_shared_pool_holds(pool: PgPool) {
+    let (store, _) = one_lane_store(pool.clone());
+    let session = store
+        .resolve_session("lane-backend", "main", None)
+        .await
+        .unwrap();
+    // Four connections open in the shared pool at once: it hands its idle ones out oldest
+    // first, so batches drawn from it would take turns on all four backends.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(pool.acquire().await.unwrap());
+    }
+    drop(held);
+
+    for i in 0..8 {
+        store
+            .enqueue(session.id, &format!("k{i}"), InboxKind::User, b"x")
+            .await
+            .unwrap();
+        store.get_history(session.id, 10).await.unwrap();
+    }
+
+    let mut watcher = sqlx::PgConnection::connect_with(&pool.connect_options())
+        .await
+        .unwrap();
+    let backends: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND pid <> pg_backend_pid() AND query LIKE '%agentloop_enqueue%'",
+    )
+    .fetch_one(&mut watcher)
+    .await
+    .unwrap();
+    assert_eq!(
+        backends, 1,
+        "every enqueue batch ran on the lane's one backend"
+    );
 }
 
 #[sqlx::test(migrations = "./migrations")]
