@@ -97,52 +97,50 @@ pub(crate) fn system_prompt(parts: &PromptParts<'_>) -> String {
 pub(crate) fn conversation(entries: &[Entry], open_run: &str) -> Vec<ChatMessage> {
     // The latest compaction summary stands for every entry up to the seq it covers.
     let summary = entries.iter().rev().find(|e| e.role == "summary");
-    let through = summary
-        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s.data).ok())
-        .and_then(|d| d["throughSeq"].as_i64())
-        .unwrap_or(i64::MIN);
-    let kept: Vec<&Entry> = entries
-        .iter()
-        .filter(|e| e.role != "summary" && (summary.is_none() || e.seq > through))
-        .collect();
+    let kept = match summary {
+        Some(summary) => {
+            let through = serde_json::from_str::<serde_json::Value>(&summary.data)
+                .ok()
+                .and_then(|d| d["throughSeq"].as_i64())
+                .unwrap_or(i64::MIN);
+            &entries[entries.partition_point(|e| e.seq <= through)..]
+        }
+        None => entries,
+    };
     let mut messages = Vec::with_capacity(kept.len() + 1);
     if let Some(summary) = summary {
         messages.push(summary_message(&summary.content));
     }
-    messages.extend(conversation_of(&kept, open_run));
-    messages
-}
-
-fn conversation_of(entries: &[&Entry], open_run: &str) -> Vec<ChatMessage> {
-    let answered: HashSet<&str> = entries
-        .iter()
-        .filter(|e| e.role == "tool")
-        .map(|e| e.tool_call_id.as_str())
-        .collect();
-    let mut messages = Vec::with_capacity(entries.len());
-    for &entry in entries {
+    // The ids of answered calls are gathered only once an assistant entry with calls shows up:
+    // most conversations have none, and this runs for every entry of every run.
+    let mut answered: Option<HashSet<&str>> = None;
+    for entry in kept {
         match entry.role.as_str() {
             "user" => messages.push(ChatMessage::user(entry.content.clone())),
             "assistant" => {
                 let tool_calls = tool_calls_of(entry);
-                let missing: Vec<&ToolCall> = tool_calls
-                    .iter()
-                    .filter(|c| !answered.contains(c.id.as_str()))
-                    .collect();
-                let synthetic: Vec<ChatMessage> = if entry.run_id == open_run {
-                    Vec::new()
-                } else {
-                    missing
-                        .iter()
-                        .map(|c| {
-                            ChatMessage::tool_result(
-                                c.id.clone(),
-                                "skipped: the run ended before this tool ran",
-                                true,
-                            )
-                        })
-                        .collect()
-                };
+                let synthetic: Vec<ChatMessage> =
+                    if tool_calls.is_empty() || entry.run_id == open_run {
+                        Vec::new()
+                    } else {
+                        let answered = answered.get_or_insert_with(|| {
+                            kept.iter()
+                                .filter(|e| e.role == "tool")
+                                .map(|e| e.tool_call_id.as_str())
+                                .collect()
+                        });
+                        tool_calls
+                            .iter()
+                            .filter(|c| !answered.contains(c.id.as_str()))
+                            .map(|c| {
+                                ChatMessage::tool_result(
+                                    c.id.clone(),
+                                    "skipped: the run ended before this tool ran",
+                                    true,
+                                )
+                            })
+                            .collect()
+                    };
                 messages.push(ChatMessage::Assistant {
                     content: entry.content.clone(),
                     tool_calls,
@@ -150,9 +148,10 @@ fn conversation_of(entries: &[&Entry], open_run: &str) -> Vec<ChatMessage> {
                 messages.extend(synthetic);
             }
             "tool" => {
-                let is_error = serde_json::from_str::<serde_json::Value>(&entry.data)
-                    .map(|d| d["isError"].as_bool().unwrap_or(false))
-                    .unwrap_or(false);
+                let is_error = !entry.data.is_empty()
+                    && serde_json::from_str::<serde_json::Value>(&entry.data)
+                        .map(|d| d["isError"].as_bool().unwrap_or(false))
+                        .unwrap_or(false);
                 messages.push(ChatMessage::tool_result(
                     entry.tool_call_id.clone(),
                     entry.content.clone(),
@@ -236,6 +235,42 @@ mod tests {
             resumed.len(),
             2,
             "the open run's calls are resumed, not skipped"
+        );
+    }
+
+    #[test]
+    fn the_latest_summary_stands_for_the_entries_it_covers() {
+        let mut entries: Vec<Entry> = (1..=6)
+            .map(|seq| Entry {
+                seq,
+                ..entry(
+                    if seq % 2 == 1 { "user" } else { "assistant" },
+                    &format!("e{seq}"),
+                    "r",
+                )
+            })
+            .collect();
+        entries.insert(
+            4,
+            Entry {
+                seq: 5,
+                data: r#"{"throughSeq":4}"#.into(),
+                ..entry("summary", "what came before", "r")
+            },
+        );
+        for entry in &mut entries[5..] {
+            entry.seq += 1;
+        }
+
+        let messages = conversation(&entries, "r2");
+
+        assert_eq!(
+            messages,
+            vec![
+                summary_message("what came before"),
+                ChatMessage::user("e5"),
+                ChatMessage::assistant("e6"),
+            ]
         );
     }
 
