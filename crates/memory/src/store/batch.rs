@@ -286,21 +286,6 @@ pub(crate) fn column<'a, A, T>(ordered: &[&'a A], f: impl Fn(&'a A) -> T) -> Vec
     ordered.iter().map(|&call| f(call)).collect()
 }
 
-/// Runs each call on its own, in order: a batch of one, or what a failed batch left.
-pub(crate) async fn one_by_one<'a, A, R, F>(
-    calls: &'a [A],
-    run: impl Fn(&'a A) -> F,
-) -> Vec<Result<R, MemoryError>>
-where
-    F: Future<Output = Result<R, MemoryError>>,
-{
-    let mut results = Vec::with_capacity(calls.len());
-    for call in calls {
-        results.push(run(call).await);
-    }
-    results
-}
-
 /// Orders batch positions by session so that concurrent batches take session locks in the same
 /// order; a session's own items keep their arrival order.
 pub(crate) fn lock_order<T>(items: &[T], session: impl Fn(&T) -> uuid::Uuid) -> Vec<usize> {

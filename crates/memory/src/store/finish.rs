@@ -47,7 +47,7 @@ pub(crate) struct FinishArgs {
 /// Runs a batch of run ends: one alone as `agentloop_finish_run`, more as one
 /// `agentloop_finish_many` in lock order; when the batch fails, each on its own.
 pub(crate) async fn finish_batch(
-    pool: &sqlx::PgPool,
+    conn: &mut sqlx::PgConnection,
     items: Vec<FinishArgs>,
     counters: &super::BatchCounters,
 ) -> Vec<Result<FinishRow, MemoryError>> {
@@ -55,13 +55,18 @@ pub(crate) async fn finish_batch(
         let order = super::batch::lock_order(&items, |item| item.session_id);
         let ordered: Vec<&FinishArgs> = order.iter().map(|&i| &items[i]).collect();
         let query = sqlx::query_as::<_, IndexedFinishRow>(include_str!("queries/finish_many.sql"));
-        let rows = bind_many(query, &ordered).fetch_all(pool).await;
+        let rows = bind_many(query, &ordered).fetch_all(&mut *conn).await;
         let answered = rows.map(|rows| rows.into_iter().map(|r| (r.idx, r.row)).collect());
         if let Some(settled) = super::batch::settle("finish", answered, &order, counters) {
             return settled;
         }
     }
-    super::batch::one_by_one(&items, |item| finish_one(pool, item)).await
+    // A batch of one, or what a failed batch left: each call on its own, in order.
+    let mut results = Vec::with_capacity(items.len());
+    for item in &items {
+        results.push(finish_one(conn, item).await);
+    }
+    results
 }
 
 /// Binds the arrays of `agentloop_finish_many`, one element per call in `ordered` (and the
@@ -96,7 +101,10 @@ pub(crate) fn bind_many<'q, O>(
     bind_entries(query, ordered.iter().flat_map(|call| call.entries.iter()))
 }
 
-async fn finish_one(pool: &sqlx::PgPool, item: &FinishArgs) -> Result<FinishRow, MemoryError> {
+async fn finish_one(
+    conn: &mut sqlx::PgConnection,
+    item: &FinishArgs,
+) -> Result<FinishRow, MemoryError> {
     let outcome = &item.outcome;
     let query = sqlx::query_as::<_, FinishRow>(include_str!("queries/finish_run.sql"))
         .bind(item.session_id)
@@ -112,7 +120,7 @@ async fn finish_one(pool: &sqlx::PgPool, item: &FinishArgs) -> Result<FinishRow,
         .bind(outcome.profile.as_deref());
     bind_entries(query, item.entries.iter())
         .bind(item.release)
-        .fetch_one(pool)
+        .fetch_one(conn)
         .await
         .map_err(|err| translate(err, item.session_id))
 }

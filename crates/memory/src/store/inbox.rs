@@ -174,7 +174,7 @@ pub(crate) struct IndexedEnqueueRow {
 /// Runs a batch of enqueues: one alone as `agentloop_enqueue`, more as one
 /// `agentloop_enqueue_many` in lock order; when the batch fails, each on its own.
 pub(crate) async fn enqueue_batch(
-    pool: &sqlx::PgPool,
+    conn: &mut sqlx::PgConnection,
     items: Vec<EnqueueArgs>,
     counters: &super::BatchCounters,
 ) -> Vec<Result<EnqueueRow, MemoryError>> {
@@ -183,13 +183,18 @@ pub(crate) async fn enqueue_batch(
         let ordered: Vec<&EnqueueArgs> = order.iter().map(|&i| &items[i]).collect();
         let query =
             sqlx::query_as::<_, IndexedEnqueueRow>(include_str!("queries/enqueue_many.sql"));
-        let rows = bind_many(query, &ordered).fetch_all(pool).await;
+        let rows = bind_many(query, &ordered).fetch_all(&mut *conn).await;
         let answered = rows.map(|rows| rows.into_iter().map(|r| (r.idx, r.row)).collect());
         if let Some(settled) = super::batch::settle("enqueue", answered, &order, counters) {
             return settled;
         }
     }
-    super::batch::one_by_one(&items, |item| enqueue_one(pool, item)).await
+    // A batch of one, or what a failed batch left: each call on its own, in order.
+    let mut results = Vec::with_capacity(items.len());
+    for item in &items {
+        results.push(enqueue_one(conn, item).await);
+    }
+    results
 }
 
 /// Binds the arrays of `agentloop_enqueue_many`, one element per call in `ordered`.
@@ -209,7 +214,10 @@ pub(crate) fn bind_many<'q, O>(
         .bind(column(ordered, |a| a.history_after))
 }
 
-async fn enqueue_one(pool: &sqlx::PgPool, item: &EnqueueArgs) -> Result<EnqueueRow, MemoryError> {
+async fn enqueue_one(
+    conn: &mut sqlx::PgConnection,
+    item: &EnqueueArgs,
+) -> Result<EnqueueRow, MemoryError> {
     sqlx::query_as::<_, EnqueueRow>(include_str!("queries/enqueue.sql"))
         .bind(item.session_id)
         .bind(item.key.as_str())
@@ -219,7 +227,7 @@ async fn enqueue_one(pool: &sqlx::PgPool, item: &EnqueueArgs) -> Result<EnqueueR
         .bind(item.ttl_ms)
         .bind(item.history_limit)
         .bind(item.history_after)
-        .fetch_one(pool)
+        .fetch_one(conn)
         .await
         .map_err(|err| translate(err, item.session_id))
 }

@@ -70,6 +70,7 @@ impl Store {
 
     /// Closes the pools: waits for connections in use to come back, then closes them all.
     pub async fn close(&self) {
+        self.run_path.release_connections();
         self.lane_pool.close().await;
         self.pool.close().await;
     }

@@ -2,8 +2,11 @@
 //! at once they go to Postgres as one statement (`agentloop_run_path`), one round trip and one
 //! commit, run ends first.
 
-use sqlx::PgPool;
+use std::sync::{Arc, Mutex};
+
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Postgres};
 
 use super::batch::{self, BatchCounters, BatchSettings, Batcher};
 use super::finish::{self, FinishArgs, FinishRow, IndexedFinishRow};
@@ -28,22 +31,35 @@ pub(crate) enum Answer {
 #[derive(Debug)]
 pub(crate) struct RunPath {
     batcher: Batcher<Call, Answer>,
+    connections: Arc<LaneConnections>,
 }
 
 impl RunPath {
-    /// Returns the run path over `pool`, batching as `settings` say.
+    /// Returns the run path over `pool` (the lanes' own), batching as `settings` say.
     pub(crate) fn new(pool: PgPool, settings: BatchSettings, counters: &BatchCounters) -> Self {
         let batch_counters = counters.clone();
+        let connections = Arc::new(LaneConnections {
+            pool,
+            held: Mutex::new(Held::default()),
+        });
+        let lanes = connections.clone();
         Self {
             batcher: Batcher::new(
                 settings,
                 counters.clone(),
-                std::sync::Arc::new(move |calls| {
-                    let (pool, counters) = (pool.clone(), batch_counters.clone());
-                    Box::pin(async move { execute(&pool, calls, &counters).await })
+                Arc::new(move |calls| {
+                    let (lanes, counters) = (lanes.clone(), batch_counters.clone());
+                    Box::pin(async move { lanes.execute(calls, &counters).await })
                 }),
             ),
+            connections,
         }
+    }
+
+    /// Lets go of the connections the lanes hold, and of each one still in a batch once that
+    /// batch is over, so that closing their pool does not wait for them.
+    pub(crate) fn release_connections(&self) {
+        self.connections.release();
     }
 
     /// Runs one enqueue (as `agentloop_enqueue` answers it) in the next batch.
@@ -68,10 +84,68 @@ fn mismatch() -> MemoryError {
     MemoryError::Internal("a run-path call was answered for a call of the other kind".to_owned())
 }
 
+/// The lanes' connections, held from one batch to the next. A connection given back to a
+/// sqlx pool is pinged (a Sync and its answer, in a task of its own) on every return: one more
+/// round trip to Postgres, and one more Postgres wakeup, per batch, that a held one is spared.
+#[derive(Debug)]
+struct LaneConnections {
+    pool: PgPool,
+    held: Mutex<Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    idle: Vec<PoolConnection<Postgres>>,
+    released: bool,
+}
+
+impl LaneConnections {
+    /// Runs a batch on a held connection (or one from the pool), then keeps the connection
+    /// for the next batch unless a call failed in a way that may have broken it.
+    async fn execute(
+        &self,
+        calls: Vec<Call>,
+        counters: &BatchCounters,
+    ) -> Vec<Result<Answer, MemoryError>> {
+        let held = self.held.lock().ok().and_then(|mut held| held.idle.pop());
+        let mut conn = match held {
+            Some(conn) => conn,
+            None => match self.pool.acquire().await {
+                Ok(conn) => conn,
+                Err(err) => return batch::unavailable(calls.len(), &err),
+            },
+        };
+        let results = execute(&mut conn, calls, counters).await;
+        // Postgres refusing a call leaves the connection as good as before; anything else
+        // (an I/O error, an answer that could not be read) sends it back to the pool, whose
+        // ping on return closes it if it is broken.
+        let suspect = results.iter().any(|result| {
+            matches!(
+                result,
+                Err(MemoryError::Unavailable(_) | MemoryError::Internal(_))
+            )
+        });
+        if !suspect
+            && let Ok(mut held) = self.held.lock()
+            && !held.released
+        {
+            held.idle.push(conn);
+        }
+        results
+    }
+
+    fn release(&self) {
+        if let Ok(mut held) = self.held.lock() {
+            held.released = true;
+            held.idle.clear();
+        }
+    }
+}
+
 /// Runs a batch: a batch of one kind through that kind's batch function, both kinds as one
 /// `agentloop_run_path`. Returns one result per call, in call order.
 async fn execute(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     calls: Vec<Call>,
     counters: &BatchCounters,
 ) -> Vec<Result<Answer, MemoryError>> {
@@ -92,16 +166,16 @@ async fn execute(
     }
     let (finished, enqueued) = if enqueues.is_empty() {
         (
-            finish::finish_batch(pool, finishes, counters).await,
+            finish::finish_batch(conn, finishes, counters).await,
             Vec::new(),
         )
     } else if finishes.is_empty() {
         (
             Vec::new(),
-            inbox::enqueue_batch(pool, enqueues, counters).await,
+            inbox::enqueue_batch(conn, enqueues, counters).await,
         )
     } else {
-        both(pool, finishes, enqueues, counters).await
+        both(conn, finishes, enqueues, counters).await
     };
     let mut results: Vec<Option<Result<Answer, MemoryError>>> = (0..n).map(|_| None).collect();
     for (at, result) in finish_at.into_iter().zip(finished) {
@@ -149,7 +223,7 @@ type Halves = (
 /// Both halves in one statement; when it fails for a reason that rolled it back, each half on
 /// its own (run ends first), where a failing batch runs its calls one by one.
 async fn both(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     finishes: Vec<FinishArgs>,
     enqueues: Vec<EnqueueArgs>,
     counters: &BatchCounters,
@@ -163,7 +237,7 @@ async fn both(
         let query = sqlx::query_as::<_, Row>(include_str!("queries/run_path.sql"));
         let query = finish::bind_many(query, &finish_ordered);
         inbox::bind_many(query, &enqueue_ordered)
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await
     };
     let (finish_calls, enqueue_calls) = (finishes.len(), enqueues.len());
@@ -185,8 +259,8 @@ async fn both(
         Err(err) => match batch::judge("run-path", &err, finish_calls + enqueue_calls, counters) {
             // Refused and rolled back: each half on its own, run ends first.
             None => {
-                let finished = finish::finish_batch(pool, finishes, counters).await;
-                let enqueued = inbox::enqueue_batch(pool, enqueues, counters).await;
+                let finished = finish::finish_batch(conn, finishes, counters).await;
+                let enqueued = inbox::enqueue_batch(conn, enqueues, counters).await;
                 (finished, enqueued)
             }
             Some(failure) => (
