@@ -76,8 +76,51 @@ impl tonic::service::Interceptor for GrpcTraceInjector {
 }
 
 /// A gRPC channel that adds `traceparent` to every call.
-pub type TracedChannel =
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, GrpcTraceInjector>;
+pub type TracedChannel = tonic::service::interceptor::InterceptedService<
+    WholeBody<tonic::transport::Channel>,
+    GrpcTraceInjector,
+>;
+
+/// Hands each request to the channel with its body already encoded, as one chunk. tonic's own
+/// request body only learns it has ended when polled once more, so HTTP/2 sent every unary
+/// request as three writes: headers, the message, and an empty frame to end the stream. A body
+/// known whole ends with its message. Every call here is unary, so nothing waits on a stream.
+#[derive(Debug, Clone)]
+pub struct WholeBody<S>(S);
+
+impl<S> tower_service::Service<http::Request<tonic::body::Body>> for WholeBody<S>
+where
+    S: tower_service::Service<http::Request<tonic::body::Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<tonic::codegen::StdError>,
+{
+    type Response = S::Response;
+    type Error = tonic::codegen::StdError;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        // The instance polled ready is the one that may take the call.
+        let fresh = self.0.clone();
+        let mut ready = std::mem::replace(&mut self.0, fresh);
+        Box::pin(async move {
+            use http_body_util::BodyExt as _;
+            let (parts, body) = request.into_parts();
+            let encoded = body.collect().await?.to_bytes();
+            let body = tonic::body::Body::new(http_body_util::Full::new(encoded));
+            ready
+                .call(http::Request::from_parts(parts, body))
+                .await
+                .map_err(Into::into)
+        })
+    }
+}
 
 /// Returns a lazily connecting, self-reconnecting channel to `url` that propagates traces.
 ///
@@ -90,7 +133,7 @@ pub fn traced_channel(url: &str) -> Result<TracedChannel, tonic::transport::Erro
         .http2_keep_alive_interval(std::time::Duration::from_secs(30))
         .connect_lazy();
     Ok(tonic::service::interceptor::InterceptedService::new(
-        channel,
+        WholeBody(channel),
         GrpcTraceInjector,
     ))
 }
