@@ -286,6 +286,19 @@ pub(crate) fn column<'a, A, T>(ordered: &[&'a A], f: impl Fn(&'a A) -> T) -> Vec
     ordered.iter().map(|&call| f(call)).collect()
 }
 
+/// Runs each call on its own, in order, on `conn`: a batch of one, or what a failed batch left.
+pub(crate) async fn one_by_one<A, R>(
+    conn: &mut sqlx::PgConnection,
+    calls: &[A],
+    mut run: impl AsyncFnMut(&mut sqlx::PgConnection, &A) -> Result<R, MemoryError>,
+) -> Vec<Result<R, MemoryError>> {
+    let mut results = Vec::with_capacity(calls.len());
+    for call in calls {
+        results.push(run(conn, call).await);
+    }
+    results
+}
+
 /// Orders batch positions by session so that concurrent batches take session locks in the same
 /// order; a session's own items keep their arrival order.
 pub(crate) fn lock_order<T>(items: &[T], session: impl Fn(&T) -> uuid::Uuid) -> Vec<usize> {

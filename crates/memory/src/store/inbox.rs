@@ -189,12 +189,7 @@ pub(crate) async fn enqueue_batch(
             return settled;
         }
     }
-    // A batch of one, or what a failed batch left: each call on its own, in order.
-    let mut results = Vec::with_capacity(items.len());
-    for item in &items {
-        results.push(enqueue_one(conn, item).await);
-    }
-    results
+    super::batch::one_by_one(conn, &items, enqueue_one).await
 }
 
 /// Binds the arrays of `agentloop_enqueue_many`, one element per call in `ordered`.

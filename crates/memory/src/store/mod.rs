@@ -21,7 +21,6 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::MemoryError;
@@ -35,8 +34,6 @@ pub use sessions::Claim;
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
-    /// The run path's batches' own connections.
-    lane_pool: PgPool,
     run_path: Arc<run_path::RunPath>,
 }
 
@@ -50,28 +47,16 @@ impl Store {
     /// into batches as `settings` say, counted in `counters`. The batches get connections of
     /// their own, one per lane, opened with the pool's options.
     pub fn with_batching(pool: PgPool, settings: BatchSettings, counters: &BatchCounters) -> Self {
-        // The shared pool hands out its idle connections oldest first, so consecutive batches
-        // would rotate over every backend it ever opened, each cold in the CPU's caches. A lane
-        // that always finds the same backend cost Postgres about a tenth less CPU per run at one
-        // session (bench/HISTORY.md).
-        let lanes = u32::try_from(settings.lanes.max(1)).unwrap_or(u32::MAX);
-        let lane_pool = PgPoolOptions::new()
-            .max_connections(lanes)
-            .acquire_timeout(pool.options().get_acquire_timeout())
-            .test_before_acquire(pool.options().get_test_before_acquire())
-            .connect_lazy_with((*pool.connect_options()).clone());
-        let run_path = run_path::RunPath::new(lane_pool.clone(), settings, counters);
+        let run_path = run_path::RunPath::new(&pool, settings, counters);
         Self {
             pool,
-            lane_pool,
             run_path: Arc::new(run_path),
         }
     }
 
     /// Closes the pools: waits for connections in use to come back, then closes them all.
     pub async fn close(&self) {
-        self.run_path.release_connections();
-        self.lane_pool.close().await;
+        self.run_path.close().await;
         self.pool.close().await;
     }
 
