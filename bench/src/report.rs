@@ -409,8 +409,12 @@ impl Report {
                 verdict(
                     p.rate() >= 1500.0 && all,
                     format!(
-                        "{:.1}× below; persisted {}/{}; {}",
-                        1500.0 / p.rate().max(1e-9),
+                        "{}; persisted {}/{}; {}",
+                        if p.rate() >= 1500.0 {
+                            format!("{:.2}× the target", p.rate() / 1500.0)
+                        } else {
+                            format!("{:.2}× below", 1500.0 / p.rate().max(1e-9))
+                        },
                         p.persisted.unwrap_or(-1),
                         p.sent,
                         self.bound_cpu(p)

@@ -65,9 +65,11 @@ pub(crate) struct PromptParts<'a> {
 
 /// Assembles the system prompt.
 pub(crate) fn system_prompt(parts: &PromptParts<'_>) -> String {
-    let mut prompt = String::new();
+    use std::fmt::Write as _;
+    // Written in place: a `format!` per piece cost an allocation each, on every model call.
+    let mut prompt = String::with_capacity(512);
     if parts.identity.is_empty() {
-        prompt.push_str(&format!("You are {}, an AI assistant.", parts.agent_id));
+        let _ = write!(prompt, "You are {}, an AI assistant.", parts.agent_id);
     } else {
         prompt.push_str(parts.identity);
     }
@@ -78,13 +80,14 @@ pub(crate) fn system_prompt(parts: &PromptParts<'_>) -> String {
     if !parts.tools.is_empty() {
         prompt.push_str("\n\n## Tools\nYou can call these tools:\n");
         for tool in parts.tools {
-            prompt.push_str(&format!("- {}: {}\n", tool.name, tool.description));
+            let _ = writeln!(prompt, "- {}: {}", tool.name, tool.description);
         }
     }
-    prompt.push_str(&format!(
+    let _ = write!(
+        prompt,
         "\n\n## Session\nConversation: {}\nChannel: {}\nReply NO_REPLY (alone) when no message should be sent.",
         parts.session_key, parts.channel
-    ));
+    );
     if let Some(extra) = parts.extra_context.filter(|c| !c.is_empty()) {
         prompt.push_str("\n\n## Context\n");
         prompt.push_str(extra);

@@ -14,6 +14,7 @@ mod sse;
 mod stream;
 mod types;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,9 +38,10 @@ pub struct ModelClient {
 struct Inner {
     http: reqwest::Client,
     default_model: ModelRef,
-    openai_url: String,
+    // Parsed once: reqwest parses a URL given as text on every request.
+    openai_url: reqwest::Url,
     openai_api_key: Option<String>,
-    anthropic_url: String,
+    anthropic_url: reqwest::Url,
     anthropic_api_key: Option<String>,
     request_timeout: Duration,
     max_tokens: u32,
@@ -75,9 +77,12 @@ impl ModelClient {
             inner: Arc::new(Inner {
                 http,
                 default_model,
-                openai_url: format!("{openai_base}/chat/completions"),
+                openai_url: endpoint(
+                    "openai_base_url",
+                    &format!("{openai_base}/chat/completions"),
+                )?,
                 openai_api_key: config.openai_api_key.clone().filter(|k| !k.is_empty()),
-                anthropic_url,
+                anthropic_url: endpoint("anthropic_base_url", &anthropic_url)?,
                 anthropic_api_key: config.anthropic_api_key.clone().filter(|k| !k.is_empty()),
                 request_timeout: Duration::from_millis(config.request_timeout_ms),
                 max_tokens: config.max_tokens,
@@ -106,11 +111,18 @@ impl ModelClient {
         let (url, request) = match provider {
             Provider::OpenAi => {
                 let body = openai::request_body(req, None);
-                let url = match override_url {
-                    Some(base) => format!("{}/chat/completions", base.trim_end_matches('/')),
-                    None => inner.openai_url.clone(),
+                let (url, request) = match override_url {
+                    Some(base) => {
+                        let url = format!("{}/chat/completions", base.trim_end_matches('/'));
+                        let request = inner.http.post(&url);
+                        (Cow::Owned(url), request)
+                    }
+                    None => (
+                        Cow::Borrowed(inner.openai_url.as_str()),
+                        inner.http.post(inner.openai_url.clone()),
+                    ),
                 };
-                let mut request = inner.http.post(&url).json(&body);
+                let mut request = request.json(&body);
                 let key = credential
                     .and_then(|c| c.api_key.as_ref())
                     .or(inner.openai_api_key.as_ref());
@@ -121,16 +133,20 @@ impl ModelClient {
             }
             Provider::Anthropic => {
                 let body = anthropic::request_body(req, inner.max_tokens);
-                let url = match override_url {
+                let (url, request) = match override_url {
                     Some(base) => {
                         let base = base.trim_end_matches('/');
-                        format!("{}/v1/messages", base.strip_suffix("/v1").unwrap_or(base))
+                        let url =
+                            format!("{}/v1/messages", base.strip_suffix("/v1").unwrap_or(base));
+                        let request = inner.http.post(&url);
+                        (Cow::Owned(url), request)
                     }
-                    None => inner.anthropic_url.clone(),
+                    None => (
+                        Cow::Borrowed(inner.anthropic_url.as_str()),
+                        inner.http.post(inner.anthropic_url.clone()),
+                    ),
                 };
-                let mut request = inner
-                    .http
-                    .post(&url)
+                let mut request = request
                     .header("anthropic-version", "2023-06-01")
                     .json(&body);
                 let key = credential
@@ -172,7 +188,7 @@ impl ModelClient {
         }
         Ok(ModelStream::new(
             provider,
-            url.clone(),
+            url.to_string(),
             response,
             inner.request_timeout,
         ))
@@ -227,4 +243,10 @@ fn base_url(field: &str, url: &str) -> Result<String, ModelError> {
         )));
     }
     Ok(url.to_owned())
+}
+
+/// Parses an endpoint built from the base URL of `field`.
+fn endpoint(field: &str, url: &str) -> Result<reqwest::Url, ModelError> {
+    reqwest::Url::parse(url)
+        .map_err(|err| ModelError::InvalidConfig(format!("{field} gives {url:?}: {err}")))
 }

@@ -1,15 +1,17 @@
 //! Group commit for the run path: calls that arrive while an earlier batch is in Postgres wait
 //! for the next one, and a batch is one round trip and one commit however many runs it carries.
-//! A call that finds a lane idle goes at once, so a quiet system pays no extra latency.
+//! A call that finds a lane idle goes at once, in its caller's task, so a quiet system pays
+//! neither a wait nor a handoff between tasks.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use agentloop_lifecycle::Counter;
 use futures::FutureExt as _;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::MemoryError;
 
@@ -50,117 +52,232 @@ pub struct BatchCounters {
 const QUEUE_CAPACITY: usize = 16_384;
 
 type Reply<O> = oneshot::Sender<Result<O, MemoryError>>;
-type Execute<I, O> = Arc<
-    dyn Fn(Vec<I>) -> Pin<Box<dyn Future<Output = Vec<Result<O, MemoryError>>> + Send>>
-        + Send
-        + Sync,
->;
+type Running<O> = Pin<Box<dyn Future<Output = Vec<Result<O, MemoryError>>> + Send>>;
+type Execute<I, O> = Arc<dyn Fn(Vec<I>) -> Running<O> + Send + Sync>;
 
 /// Gathers calls into batches executed by `execute`, which returns one result per item, in
 /// item order.
 pub(crate) struct Batcher<I, O> {
+    inner: Arc<Inner<I, O>>,
+}
+
+struct Inner<I, O> {
     settings: BatchSettings,
     counters: BatchCounters,
     execute: Execute<I, O>,
-    // Started on the first call, so a store can be built outside a Tokio runtime.
-    queue: OnceLock<mpsc::Sender<(I, Reply<O>)>>,
+    state: Mutex<State<I, O>>,
+}
+
+struct State<I, O> {
+    /// Lanes with no batch in Postgres.
+    idle: usize,
+    /// Calls waiting for a lane, oldest first.
+    waiting: VecDeque<(I, Reply<O>)>,
+}
+
+/// Where a call goes: on a lane it found idle, or into the queue for the next batch.
+enum Turn<I, O> {
+    Lane(I),
+    Queued(oneshot::Receiver<Result<O, MemoryError>>),
 }
 
 impl<I, O> std::fmt::Debug for Batcher<I, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batcher")
-            .field("settings", &self.settings)
+            .field("settings", &self.inner.settings)
             .finish_non_exhaustive()
     }
 }
 
 impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
-    /// Returns a batcher; its lanes start with the first call.
+    /// Returns a batcher with every lane idle.
     pub(crate) fn new(
         settings: BatchSettings,
         counters: BatchCounters,
         execute: Execute<I, O>,
     ) -> Self {
+        let lanes = settings.lanes.max(1);
         Self {
-            settings,
-            counters,
-            execute,
-            queue: OnceLock::new(),
+            inner: Arc::new(Inner {
+                settings,
+                counters,
+                execute,
+                state: Mutex::new(State {
+                    idle: lanes,
+                    waiting: VecDeque::new(),
+                }),
+            }),
         }
     }
 
     /// Runs `item` in the next batch and returns its result.
     pub(crate) async fn call(&self, item: I) -> Result<O, MemoryError> {
-        let (reply, answer) = oneshot::channel();
-        let queue = self.queue.get_or_init(|| self.start());
-        match queue.try_send((item, reply)) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => return Err(MemoryError::Overloaded),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(MemoryError::Stopping),
+        let turn = {
+            let mut state = self.inner.state();
+            if state.idle > 0 {
+                state.idle -= 1;
+                Turn::Lane(item)
+            } else if state.waiting.len() >= QUEUE_CAPACITY {
+                return Err(MemoryError::Overloaded);
+            } else {
+                let (reply, answer) = oneshot::channel();
+                state.waiting.push_back((item, reply));
+                Turn::Queued(answer)
+            }
+        };
+        match turn {
+            Turn::Lane(item) => self.inner.clone().alone(item).await,
+            Turn::Queued(answer) => answer.await.unwrap_or(Err(MemoryError::Stopping)),
         }
-        answer.await.unwrap_or(Err(MemoryError::Stopping))
+    }
+}
+
+impl<I: Send + 'static, O: Send + 'static> Inner<I, O> {
+    fn state(&self) -> MutexGuard<'_, State<I, O>> {
+        // The lock is never held across a panic-prone step; recover the data if it was.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn start(&self) -> mpsc::Sender<(I, Reply<O>)> {
-        let (queue, incoming) = mpsc::channel::<(I, Reply<O>)>(QUEUE_CAPACITY);
-        let incoming = Arc::new(Mutex::new(incoming));
-        for _ in 0..self.settings.lanes.max(1) {
-            let incoming = incoming.clone();
-            let execute = self.execute.clone();
-            let counters = self.counters.clone();
-            let max_items = self.settings.max_items.max(1);
-            tokio::spawn(async move {
-                loop {
-                    let mut batch = Vec::new();
-                    {
-                        // One lane at a time waits for work; the others are in Postgres.
-                        let mut incoming = incoming.lock().await;
-                        let Some(first) = incoming.recv().await else {
-                            return;
-                        };
-                        batch.push(first);
-                        while batch.len() < max_items {
-                            match incoming.try_recv() {
-                                Ok(next) => batch.push(next),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    // A caller that gave up (its request was cancelled or timed out) retries on
-                    // its own; running its call late could claim a lease nobody works on.
-                    batch.retain(|(_, reply)| !reply.is_closed());
-                    if batch.is_empty() {
-                        continue;
-                    }
-                    counters.batches.inc();
-                    counters.items.add(batch.len() as u64);
-                    let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
-                    // A panic fails this batch's calls, not the lane. Caught in place rather than
-                    // in a task of its own: one task wakeup less per batch.
-                    match AssertUnwindSafe(execute(items)).catch_unwind().await {
-                        Ok(results) => {
-                            for (reply, result) in replies.into_iter().zip(results) {
-                                let _ = reply.send(result);
-                            }
-                        }
-                        Err(panic) => {
-                            let why = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| (*s).to_owned())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "a panic".to_owned());
-                            tracing::error!(error = %why, calls = replies.len(), "a batch of the run path panicked; its calls fail");
-                            for reply in replies {
-                                let _ = reply.send(Err(MemoryError::Internal(format!(
-                                    "the batch carrying this call failed: {why}"
-                                ))));
-                            }
-                        }
-                    }
-                }
-            });
+    /// Runs `item` as a batch of one on the lane its caller took.
+    async fn alone(self: Arc<Self>, item: I) -> Result<O, MemoryError> {
+        self.counters.batches.inc();
+        self.counters.items.inc();
+        let running = (self.execute)(vec![item]);
+        let mut lane = Lane {
+            inner: self,
+            running: Some(running),
+        };
+        let results = match lane.running.as_mut() {
+            Some(running) => outcome(AssertUnwindSafe(running).catch_unwind().await, 1),
+            None => Vec::new(),
+        };
+        lane.running = None;
+        drop(lane);
+        results.into_iter().next().unwrap_or_else(|| {
+            Err(MemoryError::Internal(
+                "a batch of one answered nothing".to_owned(),
+            ))
+        })
+    }
+
+    /// The lane's batch is over: it serves the calls that queued meanwhile, in a task of its
+    /// own so that the caller it served answers now, or goes idle.
+    fn hand_on(self: Arc<Self>) {
+        let Some(batch) = self.next_batch() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(self.drain(batch));
+            }
+            Err(_) => {
+                // No runtime (it is shutting down): the waiting calls fail, their callers retry.
+                drop(batch);
+                self.fail_waiting();
+            }
         }
-        queue
+    }
+
+    /// Takes the next batch of waiting calls, or marks the lane idle when none wait.
+    fn next_batch(&self) -> Option<Vec<(I, Reply<O>)>> {
+        let mut state = self.state();
+        if state.waiting.is_empty() {
+            state.idle += 1;
+            return None;
+        }
+        let n = state.waiting.len().min(self.settings.max_items.max(1));
+        Some(state.waiting.drain(..n).collect())
+    }
+
+    fn fail_waiting(&self) {
+        let mut state = self.state();
+        state.waiting.clear();
+        state.idle += 1;
+    }
+
+    /// Runs batches of waiting calls until none wait.
+    async fn drain(self: Arc<Self>, mut batch: Vec<(I, Reply<O>)>) {
+        loop {
+            // A caller that gave up (its request was cancelled or timed out) retries on its own;
+            // running its call late could claim a lease nobody works on.
+            batch.retain(|(_, reply)| !reply.is_closed());
+            if !batch.is_empty() {
+                self.counters.batches.inc();
+                self.counters.items.add(batch.len() as u64);
+                let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
+                // A panic fails this batch's calls, not the lane. Caught in place rather than in
+                // a task of its own: one task wakeup less per batch.
+                let calls = replies.len();
+                let results = outcome(
+                    AssertUnwindSafe((self.execute)(items)).catch_unwind().await,
+                    calls,
+                );
+                for (reply, result) in replies.into_iter().zip(results) {
+                    let _ = reply.send(result);
+                }
+            }
+            match self.next_batch() {
+                Some(next) => batch = next,
+                None => return,
+            }
+        }
+    }
+}
+
+/// A lane taken by a call that runs its batch in its own task. Dropped mid-batch (the caller
+/// gave up), the batch still runs to its end, in a task of its own, as a queued one would; so
+/// a statement is never cut off in Postgres and the lane is always handed on.
+struct Lane<I: Send + 'static, O: Send + 'static> {
+    inner: Arc<Inner<I, O>>,
+    running: Option<Running<O>>,
+}
+
+impl<I: Send + 'static, O: Send + 'static> Drop for Lane<I, O> {
+    fn drop(&mut self) {
+        let inner = self.inner.clone();
+        let Some(running) = self.running.take() else {
+            inner.hand_on();
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = AssertUnwindSafe(running).catch_unwind().await;
+                    inner.hand_on();
+                });
+            }
+            Err(_) => {
+                drop(running);
+                inner.hand_on();
+            }
+        }
+    }
+}
+
+/// One result per call of a batch that returned or panicked.
+fn outcome<O>(
+    ran: Result<Vec<Result<O, MemoryError>>, Box<dyn std::any::Any + Send>>,
+    calls: usize,
+) -> Vec<Result<O, MemoryError>> {
+    match ran {
+        Ok(results) => results,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            tracing::error!(error = %why, calls, "a batch of the run path panicked; its calls fail");
+            (0..calls)
+                .map(|_| {
+                    Err(MemoryError::Internal(format!(
+                        "the batch carrying this call failed: {why}"
+                    )))
+                })
+                .collect()
+        }
     }
 }
 
@@ -310,6 +427,7 @@ pub(crate) fn lock_order<T>(items: &[T], session: impl Fn(&T) -> uuid::Uuid) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::mpsc;
 
     #[test]
     fn only_a_statement_that_wrote_nothing_runs_again() {
@@ -412,6 +530,66 @@ mod tests {
             "each call gets its own item's result"
         );
         assert_eq!((counters.batches.get(), counters.items.get()), (2, 4));
+    }
+
+    #[tokio::test]
+    async fn a_batch_whose_caller_gives_up_still_ends_and_the_lane_serves_the_next_call() {
+        let (entered_tx, mut entered) = mpsc::unbounded_channel::<Vec<u32>>();
+        let (ended_tx, mut ended) = mpsc::unbounded_channel::<Vec<u32>>();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let execute: Execute<u32, u32> = {
+            let gate = gate.clone();
+            Arc::new(move |items: Vec<u32>| {
+                let (gate, entered, ended) = (gate.clone(), entered_tx.clone(), ended_tx.clone());
+                Box::pin(async move {
+                    let _ = entered.send(items.clone());
+                    let _ = gate.acquire().await.map(|permit| permit.forget());
+                    let _ = ended.send(items.clone());
+                    items.into_iter().map(Ok).collect()
+                })
+            })
+        };
+        let batcher = Arc::new(Batcher::new(
+            BatchSettings {
+                lanes: 1,
+                max_items: 64,
+            },
+            BatchCounters::default(),
+            execute,
+        ));
+        let given_up = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call(1).await }
+        });
+        assert_eq!(
+            entered.recv().await,
+            Some(vec![1]),
+            "the first call runs in its task"
+        );
+        let next = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call(2).await }
+        });
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        given_up.abort();
+        assert!(given_up.await.unwrap_err().is_cancelled());
+        gate.add_permits(2);
+        let within = std::time::Duration::from_secs(5);
+        assert_eq!(
+            tokio::time::timeout(within, ended.recv())
+                .await
+                .ok()
+                .flatten(),
+            Some(vec![1]),
+            "the abandoned batch ran to its end"
+        );
+        let served = tokio::time::timeout(within, next)
+            .await
+            .expect("the lane was handed on to the waiting call");
+        assert_eq!(served.unwrap().unwrap(), 2);
+        assert_eq!(entered.recv().await, Some(vec![2]));
     }
 
     #[tokio::test]
