@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) local_tools: Vec<Arc<dyn Tool>>,
     /// Tools served by other processes.
     pub(crate) remote_tools: RemoteTools,
+    /// Each agent's tool set, with the remote tools' generation it was built at.
+    pub(crate) toolsets: crate::tools::ToolSets,
     pub(crate) hooks: Hooks,
     pub(crate) run_slots: Semaphore,
     pub(crate) model_slots: Semaphore,
@@ -128,6 +130,7 @@ pub(crate) async fn serve(
             tools
         },
         remote_tools: RemoteTools::default(),
+        toolsets: crate::tools::ToolSets::default(),
         hooks: Hooks::new(extensions.hooks, &config.runner.hooks, bus.client()),
         run_slots: Semaphore::new(config.runner.max_concurrent_runs.max(1)),
         model_slots: Semaphore::new(config.runner.max_concurrent_model_calls.max(1)),

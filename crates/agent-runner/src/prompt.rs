@@ -11,6 +11,32 @@ pub(crate) fn estimate_tokens(text: &str) -> usize {
     text.len() / 4 + 1
 }
 
+/// Estimates the tokens of a JSON value by the length of its text, counted without building it
+/// (a `to_string` per tool and per call, on every model turn, was an allocation each).
+fn json_tokens(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0 / 4 + 1
+}
+
+/// Estimates the tokens of the tools' specs.
+fn tools_tokens(tools: &[ToolSpec]) -> usize {
+    tools
+        .iter()
+        .map(|t| json_tokens(&t.parameters) + estimate_tokens(&t.description) + 8)
+        .sum()
+}
+
 fn message_tokens(message: &ChatMessage) -> usize {
     match message {
         ChatMessage::User { content } => estimate_tokens(content) + 4,
@@ -21,9 +47,7 @@ fn message_tokens(message: &ChatMessage) -> usize {
             estimate_tokens(content)
                 + tool_calls
                     .iter()
-                    .map(|c| {
-                        estimate_tokens(&c.arguments.to_string()) + estimate_tokens(&c.name) + 8
-                    })
+                    .map(|c| json_tokens(&c.arguments) + estimate_tokens(&c.name) + 8)
                     .sum::<usize>()
                 + 4
         }
@@ -38,12 +62,7 @@ pub(crate) fn estimate_request(
     tools: &[ToolSpec],
 ) -> usize {
     estimate_tokens(system)
-        + tools
-            .iter()
-            .map(|t| {
-                estimate_tokens(&t.parameters.to_string()) + estimate_tokens(&t.description) + 8
-            })
-            .sum::<usize>()
+        + tools_tokens(tools)
         + messages.iter().map(message_tokens).sum::<usize>()
 }
 
@@ -186,13 +205,7 @@ pub(crate) fn fit(
     tools: &[ToolSpec],
     budget: usize,
 ) -> usize {
-    let fixed = estimate_tokens(system)
-        + tools
-            .iter()
-            .map(|t| {
-                estimate_tokens(&t.parameters.to_string()) + estimate_tokens(&t.description) + 8
-            })
-            .sum::<usize>();
+    let fixed = estimate_tokens(system) + tools_tokens(tools);
     let mut total: usize = fixed + messages.iter().map(message_tokens).sum::<usize>();
     let mut drop = 0;
     while total > budget && drop + 1 < messages.len() {

@@ -50,8 +50,8 @@ pub(crate) struct Context<'m> {
     /// The transcript seq the prior messages reach up to.
     pub(crate) prior_through_seq: i64,
     pub(crate) system: &'m str,
-    /// Lent to each request like the messages, and given back after it.
-    pub(crate) tools: &'m mut Vec<ToolSpec>,
+    /// The agent's tool specs, shared by every request of every run.
+    pub(crate) tools: &'m std::sync::Arc<[ToolSpec]>,
     pub(crate) compactions: u32,
 }
 
@@ -118,14 +118,13 @@ impl RunCtx<'_> {
                     model: model.clone(),
                     system: Some(cx.system.to_owned()),
                     messages: std::mem::take(cx.messages),
-                    tools: std::mem::take(cx.tools),
+                    tools: cx.tools.clone(),
                     max_tokens: None,
                     thinking: thinking.clone(),
                     credential: profile.credential.clone(),
                 };
                 let streamed = self.stream_turn(&request).await;
                 *cx.messages = std::mem::take(&mut request.messages);
-                *cx.tools = std::mem::take(&mut request.tools);
                 let err = match streamed {
                     Ok(answer) => {
                         if profile.tracked {
@@ -349,7 +348,7 @@ impl RunCtx<'_> {
                     .to_owned(),
             ),
             messages: vec![ChatMessage::user(transcript.clone())],
-            tools: Vec::new(),
+            tools: std::sync::Arc::default(),
             max_tokens: Some(1_024),
             thinking: None,
             credential: failed.credential.clone(),

@@ -593,6 +593,33 @@ impl RunCtx<'_> {
     }
 }
 
+/// The agent's tool set, built once and kept while the remote tools stay the same.
+fn toolset(shared: &Shared, agent_id: &str, agent: &AgentConfig) -> Arc<ToolSet> {
+    let agent_id = if agent_id.is_empty() {
+        "main"
+    } else {
+        agent_id
+    };
+    // Unknown agents run with the default config, so they share one entry: clients naming
+    // agents cannot grow the cache.
+    let key = if shared.agents.contains_key(agent_id) {
+        agent_id
+    } else {
+        ""
+    };
+    shared
+        .toolsets
+        .get(key, shared.remote_tools.generation(), || {
+            let known: Vec<Arc<dyn Tool>> = shared
+                .local_tools
+                .iter()
+                .cloned()
+                .chain(shared.remote_tools.tools())
+                .collect();
+            ToolSet::build(known, &agent.tools_allow, &agent.tools_deny)
+        })
+}
+
 /// Builds the context, then turns model answers and tool batches until a final answer.
 async fn converse(
     ctx: &RunCtx<'_>,
@@ -653,14 +680,8 @@ async fn converse(
     let mut turn: u32 = own.iter().filter(|e| e.role == "assistant").count() as u32;
     ctx.turns.store(turn, std::sync::atomic::Ordering::SeqCst);
 
-    let known: Vec<Arc<dyn Tool>> = shared
-        .local_tools
-        .iter()
-        .cloned()
-        .chain(shared.remote_tools.tools())
-        .collect();
-    let tools = ToolSet::build(known, &ctx.agent.tools_allow, &ctx.agent.tools_deny);
-    let mut specs = tools.specs();
+    let tools = toolset(shared, &ctx.command.agent_id, &ctx.agent);
+    let specs = tools.specs().clone();
 
     if let Some(last) = own.iter().rev().find(|e| e.role == "assistant") {
         let answered: Vec<&str> = entries
@@ -743,7 +764,7 @@ async fn converse(
             prior,
             prior_through_seq,
             system: &system,
-            tools: &mut specs,
+            tools: &specs,
             compactions,
         };
         let answer = ctx.answer(&mut cx).await?;

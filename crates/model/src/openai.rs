@@ -406,11 +406,11 @@ mod tests {
                     tool_calls: Vec::new(),
                 },
             ],
-            tools: vec![ToolSpec {
+            tools: std::sync::Arc::from(vec![ToolSpec {
                 name: "search".to_owned(),
                 description: "searches".to_owned(),
                 parameters: json!({"type": "object"}),
-            }],
+            }]),
             max_tokens: None,
             thinking: Some("low".to_owned()),
             credential: None,

@@ -13,8 +13,8 @@ pub struct ChatRequest {
     pub system: Option<String>,
     /// The conversation, oldest first.
     pub messages: Vec<ChatMessage>,
-    /// Tools the model may call.
-    pub tools: Vec<ToolSpec>,
+    /// Tools the model may call; shared, since an agent's tools are the same on every call.
+    pub tools: std::sync::Arc<[ToolSpec]>,
     /// Output token cap; the config's `max_tokens` when `None`.
     pub max_tokens: Option<u32>,
     /// Reasoning effort (`low`, `medium`, `high`); `None` sends none.

@@ -72,11 +72,14 @@ pub trait Tool: Send + Sync {
     ) -> BoxFuture<'a, Result<String, ToolError>>;
 }
 
-/// The tools an agent may use, by name, with their specs (each built once per set: a spec
-/// holds a JSON schema, and building one is the most expensive part of a tool lookup).
+/// The tools an agent may use, by name, with their specs. Built once per agent and kept while
+/// the known tools stay the same: a spec holds a JSON schema, costly to build and to drop on
+/// every run.
 #[derive(Clone, Default)]
 pub(crate) struct ToolSet {
-    tools: BTreeMap<String, (Arc<dyn Tool>, ToolSpec)>,
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// The specs in name order.
+    specs: Arc<[ToolSpec]>,
 }
 
 impl ToolSet {
@@ -97,16 +100,51 @@ impl ToolSet {
                 tools.insert(spec.name.clone(), (tool, spec));
             }
         }
-        Self { tools }
+        let specs = tools.values().map(|(_, spec)| spec.clone()).collect();
+        Self {
+            tools: tools
+                .into_iter()
+                .map(|(name, (tool, _))| (name, tool))
+                .collect(),
+            specs,
+        }
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name).map(|(tool, _)| tool)
+        self.tools.get(name)
     }
 
     /// The specs in name order.
-    pub(crate) fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.values().map(|(_, spec)| spec.clone()).collect()
+    pub(crate) fn specs(&self) -> &Arc<[ToolSpec]> {
+        &self.specs
+    }
+}
+
+/// Each agent's tool set, kept with the generation of the remote tools it was built from.
+#[derive(Default)]
+pub(crate) struct ToolSets {
+    built: std::sync::Mutex<std::collections::HashMap<String, (u64, Arc<ToolSet>)>>,
+}
+
+impl ToolSets {
+    /// Returns the set kept for `key` if it was built at `generation`, else builds and keeps it.
+    pub(crate) fn get(
+        &self,
+        key: &str,
+        generation: u64,
+        build: impl FnOnce() -> ToolSet,
+    ) -> Arc<ToolSet> {
+        if let Ok(built) = self.built.lock()
+            && let Some((at, set)) = built.get(key)
+            && *at == generation
+        {
+            return set.clone();
+        }
+        let set = Arc::new(build());
+        if let Ok(mut built) = self.built.lock() {
+            built.insert(key.to_owned(), (generation, set.clone()));
+        }
+        set
     }
 }
 
@@ -143,9 +181,34 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_tool_set_serves_until_the_remote_tools_change() {
+        let sets = ToolSets::default();
+        let builds = std::cell::Cell::new(0);
+        let build = || {
+            builds.set(builds.get() + 1);
+            ToolSet::build(known(), &["*".to_owned()], &[])
+        };
+        let first = sets.get("main", 0, build);
+        let again = sets.get("main", 0, build);
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the same generation reuses the set"
+        );
+        assert_eq!(builds.get(), 1);
+        let other_agent = sets.get("ops", 0, build);
+        assert!(!Arc::ptr_eq(&first, &other_agent), "each agent has its own");
+        let after_discovery = sets.get("main", 1, build);
+        assert!(
+            !Arc::ptr_eq(&first, &after_discovery),
+            "a new generation rebuilds"
+        );
+        assert_eq!(builds.get(), 3);
+    }
+
+    #[test]
     fn deny_wins_over_allow() {
         let set = ToolSet::build(known(), &["*".into()], &["b".into()]);
-        let names: Vec<_> = set.specs().into_iter().map(|s| s.name).collect();
+        let names: Vec<_> = set.specs().iter().map(|s| s.name.clone()).collect();
         assert_eq!(names, vec!["a", "c"]);
     }
 

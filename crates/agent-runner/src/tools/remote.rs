@@ -6,6 +6,7 @@
 //! Reply: `{"result": "text"}` or `{"error": "why"}`.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -42,9 +43,16 @@ fn empty_schema() -> serde_json::Value {
 #[derive(Clone, Default)]
 pub(crate) struct RemoteTools {
     known: Arc<RwLock<BTreeMap<String, Arc<dyn Tool>>>>,
+    /// Bumped on every change to `known`: tool sets built before it are stale.
+    generation: Arc<AtomicU64>,
 }
 
 impl RemoteTools {
+    /// Returns the number of changes to the known tools so far.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// Returns the remote tools known now.
     pub(crate) fn tools(&self) -> Vec<Arc<dyn Tool>> {
         self.known
@@ -65,6 +73,7 @@ impl RemoteTools {
             .subscribe(format!("{prefix}.tool._announce"))
             .await?;
         let known = self.known.clone();
+        let generation = self.generation.clone();
         let client = bus.client().clone();
         tokio::spawn(async move {
             while let Some(msg) = announcements.next().await {
@@ -93,6 +102,7 @@ impl RemoteTools {
                         tracing::info!(tool = %announcement.name, "remote tool discovered");
                     }
                     known.insert(announcement.name.clone(), Arc::new(tool));
+                    generation.fetch_add(1, Ordering::Release);
                 }
             }
         });

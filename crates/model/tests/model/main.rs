@@ -34,11 +34,11 @@ fn request(model: &str, messages: Vec<ChatMessage>) -> ChatRequest {
         model: ModelRef::parse(model).expect("test model refs are valid"),
         system: Some("be brief".into()),
         messages,
-        tools: vec![ToolSpec {
+        tools: std::sync::Arc::from(vec![ToolSpec {
             name: "search".into(),
             description: "searches".into(),
             parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
-        }],
+        }]),
         max_tokens: None,
         thinking: None,
         credential: None,
