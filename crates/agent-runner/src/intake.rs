@@ -42,8 +42,8 @@ pub(crate) struct Shared {
     pub(crate) owner_id: String,
     /// Sessions this replica holds the lease of, with the signals of their live run.
     pub(crate) owned: Mutex<HashMap<String, Arc<SessionSignals>>>,
-    /// Agents by id.
-    pub(crate) agents: std::collections::BTreeMap<String, AgentConfig>,
+    /// Agents by id; shared with each run rather than copied into it (instructions run long).
+    pub(crate) agents: std::collections::BTreeMap<String, Arc<AgentConfig>>,
     /// Built-in and in-process tools.
     pub(crate) local_tools: Vec<Arc<dyn Tool>>,
     /// Tools served by other processes.
@@ -119,7 +119,11 @@ pub(crate) async fn serve(
         default_model: config.models.default_model.clone(),
         owner_id: owner_id.clone(),
         owned: Mutex::new(HashMap::new()),
-        agents: config.agents.clone(),
+        agents: config
+            .agents
+            .iter()
+            .map(|(id, agent)| (id.clone(), Arc::new(agent.clone())))
+            .collect(),
         local_tools: {
             let mut tools: Vec<Arc<dyn Tool>> = vec![
                 Arc::new(CurrentTime),

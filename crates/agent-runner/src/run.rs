@@ -62,7 +62,7 @@ pub(crate) struct RunCtx<'a> {
     epoch: i64,
     pub(crate) run: &'a Run,
     command: &'a RunCommand,
-    pub(crate) agent: AgentConfig,
+    pub(crate) agent: Arc<AgentConfig>,
     pub(crate) model_name: String,
     signals: &'a Arc<SessionSignals>,
     pub(crate) events: RunEvents,
