@@ -52,9 +52,12 @@ pub(crate) async fn run(shutdown: CancellationToken) -> anyhow::Result<()> {
     }
 
     let token = shutdown.child_token();
+    // Memory stops last, once the others have: their last writes on the way out (a runner's
+    // final acknowledgements, the run ends of its drain) go through it.
+    let memory_token = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     {
-        let t = token.clone();
+        let t = memory_token.clone();
         tasks.spawn(async move { ("memory", memory.serve(t).await.map_err(anyhow::Error::from)) });
     }
     {
@@ -100,7 +103,14 @@ pub(crate) async fn run(shutdown: CancellationToken) -> anyhow::Result<()> {
         });
     }
     let mut first_error = None;
+    let mut others_running = tasks.len() - 1;
     while let Some(joined) = tasks.join_next().await {
+        if matches!(&joined, Ok((name, _)) if *name != "memory") {
+            others_running -= 1;
+            if others_running == 0 {
+                memory_token.cancel();
+            }
+        }
         match joined {
             Ok((name, Ok(()))) => tracing::info!(service = name, "stopped"),
             Ok((name, Err(err))) => {
@@ -114,6 +124,7 @@ pub(crate) async fn run(shutdown: CancellationToken) -> anyhow::Result<()> {
             }
             Err(join) => {
                 token.cancel();
+                memory_token.cancel();
                 first_error.get_or_insert(anyhow::anyhow!("a service panicked: {join}"));
             }
         }

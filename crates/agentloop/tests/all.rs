@@ -147,3 +147,25 @@ async fn agentloop_all_without_a_provider_says_so_and_uses_the_built_in_fake_mod
     let logs = stop(process).await;
     assert!(logs.contains("no model provider configured"), "{logs}");
 }
+
+#[tokio::test]
+async fn sigterm_right_after_a_reply_stops_memory_last_so_every_run_command_is_acknowledged() {
+    let nats = NatsServer::start().unwrap();
+    let db = TestDatabase::create().await.unwrap();
+    let process = start_all(&nats, &db, &[]).await;
+
+    let reply = send_like_nats_pub(&nats, "cli:leaving", "bye").await;
+    assert_eq!(reply["text"], "echo: bye", "{reply}");
+    // At once: the runner acknowledges a command only after memory has confirmed its inbox row,
+    // so memory must still be up while the runner drains.
+    let logs = stop(process).await;
+
+    assert!(!logs.contains("cannot confirm the inbox rows"), "{logs}");
+    let jetstream = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let mut runs = jetstream.get_stream("AGENTLOOP_RUNS").await.unwrap();
+    let left = runs.info().await.unwrap().state.messages;
+    assert_eq!(
+        left, 0,
+        "RUNS is a work queue: an acknowledged command is gone, one left waits for redelivery"
+    );
+}
