@@ -62,6 +62,8 @@ pub(crate) struct RunCtx<'a> {
     epoch: i64,
     pub(crate) run: &'a Run,
     command: &'a RunCommand,
+    /// The agent's key in the configured agents; "" for an unknown one.
+    agent_key: &'a str,
     pub(crate) agent: Arc<AgentConfig>,
     pub(crate) model_name: String,
     signals: &'a Arc<SessionSignals>,
@@ -130,7 +132,11 @@ pub(crate) async fn execute(
     } else {
         command.agent_id.as_str()
     };
-    let agent = shared.agents.get(agent_id).cloned().unwrap_or_default();
+    // An unknown agent runs on the default config, under the key "" (see `toolset`).
+    let (agent_key, agent) = match shared.agents.get_key_value(agent_id) {
+        Some((key, agent)) => (key.as_str(), agent.clone()),
+        None => ("", Arc::default()),
+    };
     let model_name = if command.model.is_empty() {
         shared.default_model.clone()
     } else {
@@ -144,6 +150,7 @@ pub(crate) async fn execute(
         epoch,
         run: &run,
         command: &command,
+        agent_key,
         agent,
         model_name,
         signals,
@@ -593,23 +600,14 @@ impl RunCtx<'_> {
     }
 }
 
-/// The agent's tool set, built once and kept while the remote tools stay the same.
-fn toolset(shared: &Shared, agent_id: &str, agent: &AgentConfig) -> Arc<ToolSet> {
-    let agent_id = if agent_id.is_empty() {
-        "main"
-    } else {
-        agent_id
-    };
-    // Unknown agents run with the default config, so they share one entry: clients naming
-    // agents cannot grow the cache.
-    let key = if shared.agents.contains_key(agent_id) {
-        agent_id
-    } else {
-        ""
-    };
+/// The run's agent's tool set, built once and kept while the remote tools stay the same.
+/// Unknown agents run on the default config and so share one entry: clients naming agents
+/// cannot grow the cache.
+fn toolset(ctx: &RunCtx<'_>) -> Arc<ToolSet> {
+    let (shared, agent) = (ctx.shared, &ctx.agent);
     shared
         .toolsets
-        .get(key, shared.remote_tools.generation(), || {
+        .get(ctx.agent_key, shared.remote_tools.generation(), || {
             let known: Vec<Arc<dyn Tool>> = shared
                 .local_tools
                 .iter()
@@ -680,7 +678,7 @@ async fn converse(
     let mut turn: u32 = own.iter().filter(|e| e.role == "assistant").count() as u32;
     ctx.turns.store(turn, std::sync::atomic::Ordering::SeqCst);
 
-    let tools = toolset(shared, &ctx.command.agent_id, &ctx.agent);
+    let tools = toolset(ctx);
     let specs = tools.specs().clone();
 
     if let Some(last) = own.iter().rev().find(|e| e.role == "assistant") {

@@ -111,17 +111,9 @@ impl ModelClient {
         let (url, request) = match provider {
             Provider::OpenAi => {
                 let body = openai::request_body(req, None);
-                let (url, request) = match override_url {
-                    Some(base) => {
-                        let url = format!("{}/chat/completions", base.trim_end_matches('/'));
-                        let request = inner.http.post(&url);
-                        (Cow::Owned(url), request)
-                    }
-                    None => (
-                        Cow::Borrowed(inner.openai_url.as_str()),
-                        inner.http.post(inner.openai_url.clone()),
-                    ),
-                };
+                let custom = override_url
+                    .map(|base| format!("{}/chat/completions", base.trim_end_matches('/')));
+                let (url, request) = inner.post(custom, &inner.openai_url);
                 let mut request = request.json(&body);
                 let key = credential
                     .and_then(|c| c.api_key.as_ref())
@@ -133,19 +125,11 @@ impl ModelClient {
             }
             Provider::Anthropic => {
                 let body = anthropic::request_body(req, inner.max_tokens);
-                let (url, request) = match override_url {
-                    Some(base) => {
-                        let base = base.trim_end_matches('/');
-                        let url =
-                            format!("{}/v1/messages", base.strip_suffix("/v1").unwrap_or(base));
-                        let request = inner.http.post(&url);
-                        (Cow::Owned(url), request)
-                    }
-                    None => (
-                        Cow::Borrowed(inner.anthropic_url.as_str()),
-                        inner.http.post(inner.anthropic_url.clone()),
-                    ),
-                };
+                let custom = override_url.map(|base| {
+                    let base = base.trim_end_matches('/');
+                    format!("{}/v1/messages", base.strip_suffix("/v1").unwrap_or(base))
+                });
+                let (url, request) = inner.post(custom, &inner.anthropic_url);
                 let mut request = request
                     .header("anthropic-version", "2023-06-01")
                     .json(&body);
@@ -243,6 +227,27 @@ fn base_url(field: &str, url: &str) -> Result<String, ModelError> {
         )));
     }
     Ok(url.to_owned())
+}
+
+impl Inner {
+    /// A POST to a profile's own endpoint when it has one, else to the configured `default`;
+    /// with the URL, for errors.
+    fn post<'a>(
+        &self,
+        custom: Option<String>,
+        default: &'a reqwest::Url,
+    ) -> (Cow<'a, str>, reqwest::RequestBuilder) {
+        match custom {
+            Some(url) => {
+                let request = self.http.post(&url);
+                (Cow::Owned(url), request)
+            }
+            None => (
+                Cow::Borrowed(default.as_str()),
+                self.http.post(default.clone()),
+            ),
+        }
+    }
 }
 
 /// Parses an endpoint built from the base URL of `field`.

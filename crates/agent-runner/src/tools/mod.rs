@@ -100,13 +100,13 @@ impl ToolSet {
                 tools.insert(spec.name.clone(), (tool, spec));
             }
         }
-        let specs = tools.values().map(|(_, spec)| spec.clone()).collect();
+        let (tools, specs): (BTreeMap<_, _>, Vec<_>) = tools
+            .into_iter()
+            .map(|(name, (tool, spec))| ((name, tool), spec))
+            .unzip();
         Self {
-            tools: tools
-                .into_iter()
-                .map(|(name, (tool, _))| (name, tool))
-                .collect(),
-            specs,
+            tools,
+            specs: specs.into(),
         }
     }
 
