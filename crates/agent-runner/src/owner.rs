@@ -118,6 +118,20 @@ async fn owner_loop(
                             continue;
                         }
                     };
+                    // Boxed: a run's future is large, and held inline it made this task's
+                    // future large too, copied whole when the task is spawned (once per claim).
+                    let run = Box::pin(run::execute(
+                        shared,
+                        run::Owner {
+                            session_id,
+                            epoch,
+                            lease_lost,
+                            signals,
+                        },
+                        item,
+                        run,
+                        history,
+                    ));
                     let executed = tokio::select! {
                         // Checked first: once the drain time is over the run is dropped where
                         // it stands (every write so far is keyed and fenced, so nothing is
@@ -125,7 +139,7 @@ async fn owner_loop(
                         // being answered as aborted.
                         biased;
                         () = shared.abandon.cancelled() => return,
-                        executed = run::execute(shared, run::Owner { session_id, epoch, lease_lost, signals }, item, run, history) => executed,
+                        executed = run => executed,
                     };
                     match executed {
                         // The run's last write gave the lease back: nothing else was pending.

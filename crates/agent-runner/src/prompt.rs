@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use agentloop_model::{ChatMessage, ToolCall, ToolSpec};
-use agentloop_proto::v1::Entry;
+
+use crate::history::HistoryEntry;
 
 /// Rough token estimate (about four bytes a token) that errs on the large side for prose.
 pub(crate) fn estimate_tokens(text: &str) -> usize {
@@ -116,7 +117,7 @@ pub(crate) fn system_prompt(parts: &PromptParts<'_>) -> String {
 
 /// Rebuilds the conversation from transcript entries. Tool calls that never got a result (a run
 /// cut short) get a synthetic one, except those of `open_run`, which is being resumed.
-pub(crate) fn conversation(entries: &[Entry], open_run: &str) -> Vec<ChatMessage> {
+pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<ChatMessage> {
     // The latest compaction summary stands for every entry up to the seq it covers.
     let summary = entries.iter().rev().find(|e| e.role == "summary");
     let kept = match summary {
@@ -187,7 +188,7 @@ pub(crate) fn conversation(entries: &[Entry], open_run: &str) -> Vec<ChatMessage
 }
 
 /// Returns the tool calls stored with an assistant entry.
-pub(crate) fn tool_calls_of(entry: &Entry) -> Vec<ToolCall> {
+pub(crate) fn tool_calls_of(entry: &HistoryEntry) -> Vec<ToolCall> {
     if entry.data.is_empty() {
         return Vec::new();
     }
@@ -227,8 +228,8 @@ pub(crate) fn fit(
 mod tests {
     use super::*;
 
-    fn entry(role: &str, content: &str, run: &str) -> Entry {
-        Entry {
+    fn entry(role: &str, content: &str, run: &str) -> HistoryEntry {
+        HistoryEntry {
             role: role.into(),
             content: content.into(),
             run_id: run.into(),
@@ -255,9 +256,34 @@ mod tests {
     }
 
     #[test]
+    fn the_conversation_shares_the_held_texts_instead_of_copying_them() {
+        let mut tool = entry("tool", "result", "r1");
+        tool.tool_call_id = "c1".into();
+        let entries = vec![
+            entry("user", "hi", "r1"),
+            entry("assistant", "hello", "r1"),
+            tool,
+        ];
+
+        let messages = conversation(&entries, "r2");
+
+        assert_eq!(messages.len(), 3);
+        for (message, entry) in messages.iter().zip(&entries) {
+            let (ChatMessage::User { content }
+            | ChatMessage::Assistant { content, .. }
+            | ChatMessage::Tool { content, .. }) = message;
+            assert!(
+                std::sync::Arc::ptr_eq(content, &entry.content),
+                "{} was copied",
+                entry.role
+            );
+        }
+    }
+
+    #[test]
     fn the_latest_summary_stands_for_the_entries_it_covers() {
-        let mut entries: Vec<Entry> = (1..=6)
-            .map(|seq| Entry {
+        let mut entries: Vec<HistoryEntry> = (1..=6)
+            .map(|seq| HistoryEntry {
                 seq,
                 ..entry(
                     if seq % 2 == 1 { "user" } else { "assistant" },
@@ -268,7 +294,7 @@ mod tests {
             .collect();
         entries.insert(
             4,
-            Entry {
+            HistoryEntry {
                 seq: 5,
                 data: r#"{"throughSeq":4}"#.into(),
                 ..entry("summary", "what came before", "r")
@@ -295,7 +321,7 @@ mod tests {
         let mut messages = vec![
             ChatMessage::user("x".repeat(4000)),
             ChatMessage::Assistant {
-                content: String::new(),
+                content: "".into(),
                 tool_calls: vec![ToolCall {
                     id: "c".into(),
                     name: "t".into(),

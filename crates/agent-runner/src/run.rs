@@ -21,6 +21,7 @@ use crate::AgentConfig;
 use crate::control::SessionSignals;
 use crate::error::MemoryCallError;
 use crate::events::RunEvents;
+use crate::history::{HistoryEntry, Window};
 use crate::hooks::HookPoint;
 use crate::intake::Shared;
 use crate::memory::with_retry;
@@ -106,7 +107,7 @@ pub(crate) async fn execute(
     owner: Owner<'_>,
     item: InboxItem,
     run: Run,
-    history: Arc<Vec<Entry>>,
+    history: Window,
 ) -> Result<bool, MemoryCallError> {
     let Owner {
         session_id,
@@ -622,7 +623,7 @@ fn toolset(ctx: &RunCtx<'_>) -> Arc<ToolSet> {
 async fn converse(
     ctx: &RunCtx<'_>,
     item: &InboxItem,
-    history: Arc<Vec<Entry>>,
+    history: Window,
 ) -> Result<Outcome, MemoryCallError> {
     let shared = ctx.shared;
     // Collected messages queued behind this one are merged into the same turn.
@@ -637,7 +638,7 @@ async fn converse(
         .map(|(key, text)| ctx.user_entry(key.clone(), text))
         .collect();
     // The history came with the input; a resumed run finds its own inputs in it already.
-    let entries: &[Entry] = &history;
+    let entries: &[HistoryEntry] = &history;
     // This run's entries, if any, are the window's tail: the session's lease lets one run at a
     // time write, and a resumed run continues its own. Scanning only the tail keeps the work per
     // run independent of the history's length.
@@ -788,7 +789,7 @@ async fn converse(
             ..Default::default()
         };
         messages.push(ChatMessage::Assistant {
-            content: text.clone(),
+            content: text.as_str().into(),
             tool_calls: calls.clone(),
         });
         if calls.is_empty() {

@@ -93,7 +93,7 @@ pub(crate) fn request_body(req: &ChatRequest, default_max_tokens: Option<u32>) -
                 content,
                 tool_calls,
             } => Message::Assistant {
-                content: (!content.is_empty() || tool_calls.is_empty()).then_some(content.as_str()),
+                content: (!content.is_empty() || tool_calls.is_empty()).then_some(&**content),
                 tool_calls: tool_calls
                     .iter()
                     .map(|call| Call {
@@ -397,12 +397,12 @@ mod tests {
             messages: vec![
                 ChatMessage::user("look it up"),
                 ChatMessage::Assistant {
-                    content: String::new(),
+                    content: "".into(),
                     tool_calls: vec![call],
                 },
                 ChatMessage::tool_result("call_1", "found it", false),
                 ChatMessage::Assistant {
-                    content: String::new(),
+                    content: "".into(),
                     tool_calls: Vec::new(),
                 },
             ],

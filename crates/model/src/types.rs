@@ -1,5 +1,7 @@
 //! The provider-neutral request, message and stream event types.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::ModelRef;
@@ -14,7 +16,7 @@ pub struct ChatRequest {
     /// The conversation, oldest first.
     pub messages: Vec<ChatMessage>,
     /// Tools the model may call; shared, since an agent's tools are the same on every call.
-    pub tools: std::sync::Arc<[ToolSpec]>,
+    pub tools: Arc<[ToolSpec]>,
     /// Output token cap; the config's `max_tokens` when `None`.
     pub max_tokens: Option<u32>,
     /// Reasoning effort (`low`, `medium`, `high`); `None` sends none.
@@ -34,19 +36,20 @@ pub struct Credential {
     pub base_url: Option<String>,
 }
 
-/// One conversation message.
+/// One conversation message. Texts are shared: a session's history is the bulk of every request,
+/// and each run's conversation takes them from the runner's held copy without copying them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum ChatMessage {
     /// A user turn.
     User {
         /// The user's text.
-        content: String,
+        content: Arc<str>,
     },
     /// A model turn: text and/or tool calls.
     Assistant {
         /// The model's text (may be empty).
-        content: String,
+        content: Arc<str>,
         /// Tool calls the model made.
         #[serde(default)]
         tool_calls: Vec<ToolCall>,
@@ -56,7 +59,7 @@ pub enum ChatMessage {
         /// The `ToolCall::id` this answers.
         tool_call_id: String,
         /// The result text.
-        content: String,
+        content: Arc<str>,
         /// Whether the tool failed (sent to Anthropic as `is_error`; OpenAI has no such field).
         #[serde(default)]
         is_error: bool,
@@ -65,14 +68,14 @@ pub enum ChatMessage {
 
 impl ChatMessage {
     /// Returns a user message.
-    pub fn user(content: impl Into<String>) -> Self {
+    pub fn user(content: impl Into<Arc<str>>) -> Self {
         Self::User {
             content: content.into(),
         }
     }
 
     /// Returns an assistant message with text only.
-    pub fn assistant(content: impl Into<String>) -> Self {
+    pub fn assistant(content: impl Into<Arc<str>>) -> Self {
         Self::Assistant {
             content: content.into(),
             tool_calls: Vec::new(),
@@ -82,7 +85,7 @@ impl ChatMessage {
     /// Returns a tool result message.
     pub fn tool_result(
         tool_call_id: impl Into<String>,
-        content: impl Into<String>,
+        content: impl Into<Arc<str>>,
         is_error: bool,
     ) -> Self {
         Self::Tool {

@@ -111,7 +111,7 @@ async fn a_tool_call_is_assembled_from_pieces_and_its_result_goes_back() {
                 vec![
                     user,
                     ChatMessage::Assistant {
-                        content: String::new(),
+                        content: "".into(),
                         tool_calls: vec![call.clone()],
                     },
                     ChatMessage::tool_result(&call.id, "found it", false),
