@@ -45,6 +45,7 @@ struct Inner {
     anthropic_api_key: Option<String>,
     request_timeout: Duration,
     max_tokens: u32,
+    openai_tools: openai::ToolsJson,
 }
 
 impl ModelClient {
@@ -86,6 +87,7 @@ impl ModelClient {
                 anthropic_api_key: config.anthropic_api_key.clone().filter(|k| !k.is_empty()),
                 request_timeout: Duration::from_millis(config.request_timeout_ms),
                 max_tokens: config.max_tokens,
+                openai_tools: openai::ToolsJson::default(),
             }),
         })
     }
@@ -110,7 +112,8 @@ impl ModelClient {
         let override_url = credential.and_then(|c| c.base_url.as_deref());
         let (url, request) = match provider {
             Provider::OpenAi => {
-                let body = openai::request_body(req, None);
+                let tools = inner.openai_tools.get(&req.tools);
+                let body = openai::request_body(req, tools.as_deref().map(|json| &**json), None);
                 let custom = override_url
                     .map(|base| format!("{}/chat/completions", base.trim_end_matches('/')));
                 let (url, request) = inner.post(custom, &inner.openai_url);

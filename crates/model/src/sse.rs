@@ -1,5 +1,7 @@
 //! A small incremental server-sent events parser: lines may be split across network chunks.
 
+use std::borrow::Cow;
+
 /// One dispatched SSE event.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SseEvent {
@@ -22,7 +24,9 @@ pub(crate) struct SseParser {
 impl SseParser {
     /// Feeds one chunk; complete events are appended to `out`.
     pub(crate) fn push(&mut self, mut chunk: &[u8], out: &mut Vec<SseEvent>) {
-        while let Some(newline) = chunk.iter().position(|&b| b == b'\n') {
+        // Every byte of a model's stream passes here: the line ends are found by `memchr`, which
+        // looks at a word at a time instead of a byte.
+        while let Some(newline) = memchr::memchr(b'\n', chunk) {
             let (line, rest) = chunk.split_at(newline);
             chunk = &rest[1..];
             if self.partial.is_empty() {
@@ -57,7 +61,11 @@ impl SseParser {
         if line[0] == b':' {
             return; // a comment, used as keep-alive
         }
-        let line = String::from_utf8_lossy(line);
+        // Valid text (all of it, in practice) is checked by the word-at-a-time ASCII path.
+        let line = match std::str::from_utf8(line) {
+            Ok(text) => Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(line),
+        };
         let (field, value) = match line.split_once(':') {
             Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
             None => (line.as_ref(), ""),
@@ -125,5 +133,19 @@ mod tests {
                 "chunk size {size}"
             );
         }
+    }
+
+    #[test]
+    fn multibyte_text_split_anywhere_survives_and_invalid_bytes_are_replaced() {
+        let input = "data: caf\u{e9} \u{1f600}\n\n".as_bytes();
+        for size in 1..input.len() {
+            assert_eq!(
+                parse_in_pieces(input, size)[0].data,
+                "caf\u{e9} \u{1f600}",
+                "chunk size {size}"
+            );
+        }
+        let events = parse_in_pieces(b"data: a\xffb\n\n", 4);
+        assert_eq!(events[0].data, "a\u{fffd}b");
     }
 }
