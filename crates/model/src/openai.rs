@@ -87,15 +87,18 @@ struct ToolFunction<'a> {
 /// 2.6 % of the runner's instructions at 100 sessions.
 #[derive(Debug, Default)]
 pub(crate) struct ToolsJson {
-    held: Mutex<Vec<(Arc<[ToolSpec]>, Arc<Box<RawValue>>)>>,
+    held: Mutex<Vec<(Arc<[ToolSpec]>, ToolsText)>>,
 }
+
+/// A tool list's JSON, shared by the requests that send it.
+type ToolsText = Arc<Box<RawValue>>;
 
 impl ToolsJson {
     /// Lists kept; a request with a list not kept serializes it and replaces the oldest.
     const KEPT: usize = 16;
 
     /// The JSON of `tools` (`None` for no tools).
-    pub(crate) fn get(&self, tools: &Arc<[ToolSpec]>) -> Option<Arc<Box<RawValue>>> {
+    pub(crate) fn get(&self, tools: &Arc<[ToolSpec]>) -> Option<ToolsText> {
         if tools.is_empty() {
             return None;
         }
