@@ -113,11 +113,13 @@ impl ModelClient {
         let (url, request) = match provider {
             Provider::OpenAi => {
                 let tools = inner.openai_tools.get(&req.tools);
-                let body = openai::request_body(req, tools.as_deref().map(|json| &**json), None);
+                let body = openai::request_body(req, tools.as_deref(), None);
                 let custom = override_url
                     .map(|base| format!("{}/chat/completions", base.trim_end_matches('/')));
                 let (url, request) = inner.post(custom, &inner.openai_url);
-                let mut request = request.json(&body);
+                let mut request = request
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body);
                 let key = credential
                     .and_then(|c| c.api_key.as_ref())
                     .or(inner.openai_api_key.as_ref());

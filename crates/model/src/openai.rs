@@ -6,67 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use crate::sse::SseEvent;
 use crate::types::{ChatMessage, ChatRequest, StopReason, StreamEvent, ToolCall, ToolSpec, Usage};
 use crate::{ModelError, Provider};
 
-/// The streaming request body, borrowed from the request: serialized straight to bytes, since
-/// a `Value` tree of a long conversation cost an allocation per field on every call.
-#[derive(Serialize)]
-pub(crate) struct Body<'a> {
-    model: &'a str,
-    messages: Vec<Message<'a>>,
-    stream: bool,
-    stream_options: StreamOptions,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<&'a RawValue>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reasoning_effort: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct StreamOptions {
-    include_usage: bool,
-}
-
-#[derive(Serialize)]
-#[serde(tag = "role", rename_all = "snake_case")]
-enum Message<'a> {
-    System {
-        content: &'a str,
-    },
-    User {
-        content: &'a str,
-    },
-    Assistant {
-        // Null when a turn is only tool calls.
-        content: Option<&'a str>,
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        tool_calls: Vec<Call<'a>>,
-    },
-    Tool {
-        tool_call_id: &'a str,
-        content: &'a str,
-    },
-}
-
-#[derive(Serialize)]
-struct Call<'a> {
-    id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: CallFunction<'a>,
-}
-
-#[derive(Serialize)]
-struct CallFunction<'a> {
-    name: &'a str,
-    arguments: String,
-}
+// The request body is written by hand (`request_body`): serde's escaping of every string of a
+// long conversation, byte by byte, was the largest single cost of a model call.
 
 #[derive(Serialize)]
 struct Tool<'a> {
@@ -90,8 +36,8 @@ pub(crate) struct ToolsJson {
     held: Mutex<Vec<(Arc<[ToolSpec]>, ToolsText)>>,
 }
 
-/// A tool list's JSON, shared by the requests that send it.
-type ToolsText = Arc<Box<RawValue>>;
+/// A tool list's JSON text, shared by the requests that send it.
+type ToolsText = Arc<str>;
 
 impl ToolsJson {
     /// Lists kept; a request with a list not kept serializes it and replaces the oldest.
@@ -120,7 +66,7 @@ impl ToolsJson {
             })
             .collect();
         // Strings and JSON values always serialize.
-        let json = Arc::new(serde_json::value::to_raw_value(&functions).ok()?);
+        let json: ToolsText = serde_json::to_string(&functions).ok()?.into();
         if let Ok(mut held) = self.held.lock() {
             if held.len() >= Self::KEPT {
                 held.remove(0);
@@ -131,56 +77,144 @@ impl ToolsJson {
     }
 }
 
-/// Returns the streaming request body; `tools` is the JSON of `req.tools` ([`ToolsJson`]).
-pub(crate) fn request_body<'a>(
-    req: &'a ChatRequest,
-    tools: Option<&'a RawValue>,
+/// Returns the streaming request body as JSON text; `tools` is the JSON of `req.tools`
+/// ([`ToolsJson`]).
+pub(crate) fn request_body(
+    req: &ChatRequest,
+    tools: Option<&str>,
     default_max_tokens: Option<u32>,
-) -> Body<'a> {
-    let mut messages = Vec::with_capacity(req.messages.len() + 1);
+) -> Vec<u8> {
+    let texts: usize = req.messages.iter().map(message_len).sum();
+    let mut out = Vec::with_capacity(
+        256 + texts + req.system.as_ref().map_or(0, String::len) + tools.map_or(0, str::len),
+    );
+    out.extend_from_slice(b"{\"model\":");
+    write_str(&mut out, &req.model.model);
+    out.extend_from_slice(b",\"messages\":[");
+    let mut first = true;
+    let mut open = |out: &mut Vec<u8>, role: &[u8]| {
+        if !std::mem::take(&mut first) {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"role\":\"");
+        out.extend_from_slice(role);
+        out.push(b'"');
+    };
     if let Some(system) = &req.system {
-        messages.push(Message::System { content: system });
+        open(&mut out, b"system");
+        out.extend_from_slice(b",\"content\":");
+        write_str(&mut out, system);
+        out.push(b'}');
     }
     for message in &req.messages {
-        messages.push(match message {
-            ChatMessage::User { content } => Message::User { content },
+        match message {
+            ChatMessage::User { content } => {
+                open(&mut out, b"user");
+                out.extend_from_slice(b",\"content\":");
+                write_str(&mut out, content);
+            }
             ChatMessage::Assistant {
                 content,
                 tool_calls,
-            } => Message::Assistant {
-                content: (!content.is_empty() || tool_calls.is_empty()).then_some(&**content),
-                tool_calls: tool_calls
-                    .iter()
-                    .map(|call| Call {
-                        id: &call.id,
-                        kind: "function",
-                        function: CallFunction {
-                            name: &call.name,
-                            arguments: arguments_text(&call.arguments),
-                        },
-                    })
-                    .collect(),
-            },
+            } => {
+                open(&mut out, b"assistant");
+                out.extend_from_slice(b",\"content\":");
+                // Null when a turn is only tool calls.
+                if content.is_empty() && !tool_calls.is_empty() {
+                    out.extend_from_slice(b"null");
+                } else {
+                    write_str(&mut out, content);
+                }
+                if !tool_calls.is_empty() {
+                    out.extend_from_slice(b",\"tool_calls\":[");
+                    for (i, call) in tool_calls.iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        out.extend_from_slice(b"{\"id\":");
+                        write_str(&mut out, &call.id);
+                        out.extend_from_slice(b",\"type\":\"function\",\"function\":{\"name\":");
+                        write_str(&mut out, &call.name);
+                        out.extend_from_slice(b",\"arguments\":");
+                        write_str(&mut out, &arguments_text(&call.arguments));
+                        out.extend_from_slice(b"}}");
+                    }
+                    out.push(b']');
+                }
+            }
             ChatMessage::Tool {
                 tool_call_id,
                 content,
                 ..
-            } => Message::Tool {
-                tool_call_id,
-                content,
-            },
-        });
+            } => {
+                open(&mut out, b"tool");
+                out.extend_from_slice(b",\"tool_call_id\":");
+                write_str(&mut out, tool_call_id);
+                out.extend_from_slice(b",\"content\":");
+                write_str(&mut out, content);
+            }
+        }
+        out.push(b'}');
     }
-    Body {
-        model: &req.model.model,
-        messages,
-        stream: true,
-        stream_options: StreamOptions {
-            include_usage: true,
-        },
-        tools,
-        max_tokens: req.max_tokens.or(default_max_tokens),
-        reasoning_effort: req.thinking.as_deref(),
+    out.extend_from_slice(b"],\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    if let Some(tools) = tools {
+        out.extend_from_slice(b",\"tools\":");
+        out.extend_from_slice(tools.as_bytes());
+    }
+    if let Some(max_tokens) = req.max_tokens.or(default_max_tokens) {
+        out.extend_from_slice(b",\"max_tokens\":");
+        // Writing to a Vec cannot fail.
+        let _ = std::io::Write::write_fmt(&mut out, format_args!("{max_tokens}"));
+    }
+    if let Some(effort) = &req.thinking {
+        out.extend_from_slice(b",\"reasoning_effort\":");
+        write_str(&mut out, effort);
+    }
+    out.push(b'}');
+    out
+}
+
+/// The bytes a message's texts take, to size the body once.
+fn message_len(message: &ChatMessage) -> usize {
+    match message {
+        ChatMessage::User { content } => content.len() + 32,
+        ChatMessage::Assistant {
+            content,
+            tool_calls,
+        } => content.len() + 40 + tool_calls.len() * 96,
+        ChatMessage::Tool {
+            tool_call_id,
+            content,
+            ..
+        } => content.len() + tool_call_id.len() + 48,
+    }
+}
+
+/// Writes `text` as a JSON string. Text with nothing to escape (nearly all of it) is checked
+/// in blocks the compiler turns into vector compares, then copied whole; the rest goes through
+/// serde_json, whose output for text without escapes is the same quoted copy.
+fn write_str(out: &mut Vec<u8>, text: &str) {
+    fn escaped(b: u8) -> bool {
+        b < 0x20 || b == b'"' || b == b'\\'
+    }
+    let bytes = text.as_bytes();
+    let mut chunks = bytes.chunks_exact(16);
+    let mut needs = false;
+    for chunk in &mut chunks {
+        needs |= chunk.iter().fold(false, |any, &b| any | escaped(b));
+        if needs {
+            break;
+        }
+    }
+    needs |= chunks.remainder().iter().any(|&b| escaped(b));
+    if needs {
+        // Writing to a Vec cannot fail, and a str always serializes.
+        let _ = serde_json::to_writer(&mut *out, text);
+    } else {
+        out.reserve(bytes.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(bytes);
+        out.push(b'"');
     }
 }
 
@@ -461,7 +495,8 @@ mod tests {
         };
         let cache = ToolsJson::default();
         let tools = cache.get(&req.tools).unwrap();
-        let body = serde_json::to_value(request_body(&req, Some(&tools), Some(256))).unwrap();
+        let body: Value =
+            serde_json::from_slice(&request_body(&req, Some(&tools), Some(256))).unwrap();
         assert_eq!(
             body,
             json!({
@@ -488,6 +523,75 @@ mod tests {
     }
 
     #[test]
+    fn strings_are_written_exactly_as_serde_json_writes_them() {
+        let long = "a plain sentence, long enough to fill a few blocks of sixteen";
+        for text in [
+            "",
+            "plain",
+            long,
+            &format!("{long}\""),
+            "quote \" and backslash \\ and slash /",
+            "tab\tnewline\ncr\rnul\u{0}bell\u{7}del\u{7f}",
+            "caf\u{e9} \u{1f600} \u{2028}",
+            &format!("{long}{long}\n"),
+        ] {
+            let mut out = Vec::new();
+            write_str(&mut out, text);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(text).unwrap(),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn texts_that_need_escapes_survive_the_round_trip() {
+        let req = ChatRequest {
+            model: ModelRef {
+                provider: Provider::OpenAi,
+                model: "m".to_owned(),
+            },
+            system: Some("line one\nline \"two\"".to_owned()),
+            messages: vec![
+                ChatMessage::user("C:\\path\t\u{1}"),
+                ChatMessage::Assistant {
+                    content: "".into(),
+                    tool_calls: vec![ToolCall {
+                        id: "c\"1".to_owned(),
+                        name: "run".to_owned(),
+                        arguments: Value::String("{not json".to_owned()),
+                    }],
+                },
+                ChatMessage::tool_result("c\"1", "out\n", true),
+            ],
+            tools: Arc::from(Vec::new()),
+            max_tokens: Some(7),
+            thinking: None,
+            credential: None,
+        };
+        let body: Value = serde_json::from_slice(&request_body(&req, None, None)).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": "line one\nline \"two\""},
+                    {"role": "user", "content": "C:\\path\t\u{1}"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "c\"1", "type": "function",
+                         "function": {"name": "run", "arguments": "{not json"}}
+                    ]},
+                    {"role": "tool", "tool_call_id": "c\"1", "content": "out\n"},
+                ],
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "max_tokens": 7,
+            })
+        );
+    }
+
+    #[test]
     fn a_tool_list_is_serialized_once_and_no_tools_send_no_field() {
         let spec = |name: &str| ToolSpec {
             name: name.to_owned(),
@@ -501,7 +605,7 @@ mod tests {
         let kept = cache.get(&first).unwrap();
 
         assert!(Arc::ptr_eq(&kept, &cache.get(&first.clone()).unwrap()));
-        assert!(cache.get(&other).unwrap().get().contains(r#""name":"b""#));
+        assert!(cache.get(&other).unwrap().contains(r#""name":"b""#));
         assert!(cache.get(&Arc::from(Vec::new())).is_none());
         let req = ChatRequest {
             model: ModelRef {
@@ -515,7 +619,7 @@ mod tests {
             thinking: None,
             credential: None,
         };
-        let body = serde_json::to_value(request_body(&req, None, None)).unwrap();
+        let body: Value = serde_json::from_slice(&request_body(&req, None, None)).unwrap();
         assert!(body.get("tools").is_none(), "{body}");
     }
 }
