@@ -18,7 +18,7 @@ use crate::memory::with_retry;
 pub(crate) struct HistoryEntry {
     pub(crate) seq: i64,
     pub(crate) key: String,
-    pub(crate) role: String,
+    pub(crate) role: Role,
     pub(crate) content: Arc<str>,
     pub(crate) run_id: String,
     pub(crate) tool_call_id: String,
@@ -30,11 +30,37 @@ impl From<Entry> for HistoryEntry {
         Self {
             seq: entry.seq,
             key: entry.key,
-            role: entry.role,
+            role: Role::parse(&entry.role),
             content: entry.content.into(),
             run_id: entry.run_id,
             tool_call_id: entry.tool_call_id,
             data: entry.data,
+        }
+    }
+}
+
+/// An entry's role, held inline: every run looks at the role of every entry of its window, and
+/// a role behind a pointer was a cache miss each.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Role {
+    User,
+    Assistant,
+    Tool,
+    Summary,
+    /// Any other role (`system`), which the conversation leaves out.
+    #[default]
+    Other,
+}
+
+impl Role {
+    /// The role a transcript entry names.
+    pub(crate) fn parse(role: &str) -> Self {
+        match role {
+            "user" => Self::User,
+            "assistant" => Self::Assistant,
+            "tool" => Self::Tool,
+            "summary" => Self::Summary,
+            _ => Self::Other,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use agentloop_model::{ChatMessage, ToolCall, ToolSpec};
 
-use crate::history::HistoryEntry;
+use crate::history::{HistoryEntry, Role};
 
 /// Rough token estimate (about four bytes a token) that errs on the large side for prose.
 pub(crate) fn estimate_tokens(text: &str) -> usize {
@@ -119,7 +119,7 @@ pub(crate) fn system_prompt(parts: &PromptParts<'_>) -> String {
 /// cut short) get a synthetic one, except those of `open_run`, which is being resumed.
 pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<ChatMessage> {
     // The latest compaction summary stands for every entry up to the seq it covers.
-    let summary = entries.iter().rev().find(|e| e.role == "summary");
+    let summary = entries.iter().rev().find(|e| e.role == Role::Summary);
     let kept = match summary {
         Some(summary) => {
             let through = serde_json::from_str::<serde_json::Value>(&summary.data)
@@ -138,9 +138,9 @@ pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<Chat
     // most conversations have none, and this runs for every entry of every run.
     let mut answered: Option<HashSet<&str>> = None;
     for entry in kept {
-        match entry.role.as_str() {
-            "user" => messages.push(ChatMessage::user(entry.content.clone())),
-            "assistant" => {
+        match entry.role {
+            Role::User => messages.push(ChatMessage::user(entry.content.clone())),
+            Role::Assistant => {
                 let tool_calls = tool_calls_of(entry);
                 let synthetic: Vec<ChatMessage> =
                     if tool_calls.is_empty() || entry.run_id == open_run {
@@ -148,7 +148,7 @@ pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<Chat
                     } else {
                         let answered = answered.get_or_insert_with(|| {
                             kept.iter()
-                                .filter(|e| e.role == "tool")
+                                .filter(|e| e.role == Role::Tool)
                                 .map(|e| e.tool_call_id.as_str())
                                 .collect()
                         });
@@ -170,7 +170,7 @@ pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<Chat
                 });
                 messages.extend(synthetic);
             }
-            "tool" => {
+            Role::Tool => {
                 let is_error = !entry.data.is_empty()
                     && serde_json::from_str::<serde_json::Value>(&entry.data)
                         .map(|d| d["isError"].as_bool().unwrap_or(false))
@@ -181,7 +181,7 @@ pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<Chat
                     is_error,
                 ));
             }
-            _ => {}
+            Role::Summary | Role::Other => {}
         }
     }
     messages
@@ -230,7 +230,7 @@ mod tests {
 
     fn entry(role: &str, content: &str, run: &str) -> HistoryEntry {
         HistoryEntry {
-            role: role.into(),
+            role: Role::parse(role),
             content: content.into(),
             run_id: run.into(),
             ..Default::default()
@@ -274,7 +274,7 @@ mod tests {
             | ChatMessage::Tool { content, .. }) = message;
             assert!(
                 std::sync::Arc::ptr_eq(content, &entry.content),
-                "{} was copied",
+                "{:?} was copied",
                 entry.role
             );
         }

@@ -21,7 +21,7 @@ use crate::AgentConfig;
 use crate::control::SessionSignals;
 use crate::error::MemoryCallError;
 use crate::events::RunEvents;
-use crate::history::{HistoryEntry, Window};
+use crate::history::{HistoryEntry, Role, Window};
 use crate::hooks::HookPoint;
 use crate::intake::Shared;
 use crate::memory::with_retry;
@@ -676,16 +676,16 @@ async fn converse(
         }
     }
     // A resumed run continues after its last persisted step.
-    let mut turn: u32 = own.iter().filter(|e| e.role == "assistant").count() as u32;
+    let mut turn: u32 = own.iter().filter(|e| e.role == Role::Assistant).count() as u32;
     ctx.turns.store(turn, std::sync::atomic::Ordering::SeqCst);
 
     let tools = toolset(ctx);
     let specs = tools.specs().clone();
 
-    if let Some(last) = own.iter().rev().find(|e| e.role == "assistant") {
+    if let Some(last) = own.iter().rev().find(|e| e.role == Role::Assistant) {
         let answered: Vec<&str> = entries
             .iter()
-            .filter(|e| e.role == "tool")
+            .filter(|e| e.role == Role::Tool)
             .map(|e| e.tool_call_id.as_str())
             .collect();
         let missing: Vec<ToolCall> = prompt::tool_calls_of(last)
