@@ -490,6 +490,27 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
         .send()
         .await
         .unwrap();
+    // As `curl -d` sends it: labelled a form.
+    let form_labelled: Value = http
+        .post(&url)
+        .bearer_auth("tok")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(r#"{"model": "agentloop", "user": "curl:carol", "messages": [{"role": "user", "content": "from curl"}]}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let not_json = http
+        .post(&url)
+        .bearer_auth("tok")
+        .body("model=agentloop")
+        .send()
+        .await
+        .unwrap();
+    let not_json_status = not_json.status();
+    let not_json: Value = not_json.json().await.unwrap();
     let models: Value = http
         .get(format!("http://{}/v1/models", sandbox.gateway_addr))
         .bearer_auth("tok")
@@ -515,6 +536,16 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
     assert_eq!(content, "echo: streamed words here");
     assert!(chunks >= 2, "expected several chunks: {streamed}");
     assert!(done);
+    assert_eq!(
+        form_labelled["choices"][0]["message"]["content"], "echo: from curl",
+        "{form_labelled}"
+    );
+    assert_eq!(not_json_status, 400);
+    let message = not_json["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("expected a JSON chat completion request"),
+        "{not_json}"
+    );
     assert_eq!(wrong_model.status(), 404);
     assert_eq!(models["data"][0]["id"], "agentloop");
     assert_eq!(runs_of(&sandbox, "oa:bob").await.unwrap(), 2);

@@ -142,7 +142,7 @@ pub(crate) async fn completions(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: Result<Json<CompletionRequest>, axum::extract::rejection::JsonRejection>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     match complete(state, peer, headers, body).await {
         Ok(response) => response,
@@ -154,11 +154,20 @@ async fn complete(
     state: AppState,
     peer: SocketAddr,
     headers: HeaderMap,
-    body: Result<Json<CompletionRequest>, axum::extract::rejection::JsonRejection>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     state.authorize(peer, bearer(&headers))?;
-    let Json(request) =
-        body.map_err(|e| RequestError::InvalidRequest(format!("invalid request body: {e}")))?;
+    let body = body.map_err(|e| ApiError {
+        status: e.status(),
+        ..RequestError::InvalidRequest(format!("invalid request body: {}", e.body_text())).into()
+    })?;
+    // Read as JSON whatever its Content-Type says: `curl -d` labels it a form, and the error
+    // for that ("expected application/json") helped nobody.
+    let request: CompletionRequest = serde_json::from_slice(&body).map_err(|e| {
+        RequestError::InvalidRequest(format!(
+            "invalid request body: expected a JSON chat completion request: {e}"
+        ))
+    })?;
     let agent_id = agent_of(&request.model).ok_or_else(|| ApiError {
         status: StatusCode::NOT_FOUND,
         kind: "invalid_request_error",
