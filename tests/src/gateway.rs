@@ -490,23 +490,19 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
         .send()
         .await
         .unwrap();
+    let authorized = |request: reqwest::RequestBuilder| request.bearer_auth("tok").send();
     // As `curl -d` sends it: labelled a form.
-    let form_labelled: Value = http
-        .post(&url)
-        .bearer_auth("tok")
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(r#"{"model": "agentloop", "user": "curl:carol", "messages": [{"role": "user", "content": "from curl"}]}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let not_json = http
-        .post(&url)
-        .bearer_auth("tok")
-        .body("model=agentloop")
-        .send()
+    let form_labelled: Value = authorized(
+        http.post(&url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(r#"{"model": "agentloop", "user": "curl:carol", "messages": [{"role": "user", "content": "from curl"}]}"#),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let not_json = authorized(http.post(&url).body("model=agentloop"))
         .await
         .unwrap();
     let not_json_status = not_json.status();

@@ -39,8 +39,7 @@ impl From<Entry> for HistoryEntry {
     }
 }
 
-/// An entry's role, held inline: every run looks at the role of every entry of its window, and
-/// a role behind a pointer was a cache miss each.
+/// An entry's role, held inline: every run looks at the role of every entry of its window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) enum Role {
     User,
