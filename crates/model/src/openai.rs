@@ -460,6 +460,27 @@ mod tests {
         assert!(matches!(last, Err(ModelError::Protocol { .. })), "{last:?}");
     }
 
+    /// An OpenAI request for `model` with `messages` and nothing else set.
+    fn openai_request(model: &str, messages: Vec<ChatMessage>) -> ChatRequest {
+        ChatRequest {
+            model: ModelRef {
+                provider: Provider::OpenAi,
+                model: model.to_owned(),
+            },
+            system: None,
+            messages,
+            tools: Arc::from(Vec::new()),
+            max_tokens: None,
+            thinking: None,
+            credential: None,
+        }
+    }
+
+    /// The body `request_body` writes, parsed.
+    fn parsed_body(req: &ChatRequest, tools: Option<&str>, max_tokens: Option<u32>) -> Value {
+        serde_json::from_slice(&request_body(req, tools, max_tokens)).unwrap()
+    }
+
     #[test]
     fn the_request_body_has_the_chat_completions_shape() {
         let call = ToolCall {
@@ -468,36 +489,32 @@ mod tests {
             arguments: json!({"q": "rust"}),
         };
         let req = ChatRequest {
-            model: ModelRef {
-                provider: Provider::OpenAi,
-                model: "gpt-4o-mini".to_owned(),
-            },
             system: Some("be brief".to_owned()),
-            messages: vec![
-                ChatMessage::user("look it up"),
-                ChatMessage::Assistant {
-                    content: "".into(),
-                    tool_calls: vec![call],
-                },
-                ChatMessage::tool_result("call_1", "found it", false),
-                ChatMessage::Assistant {
-                    content: "".into(),
-                    tool_calls: Vec::new(),
-                },
-            ],
-            tools: std::sync::Arc::from(vec![ToolSpec {
+            tools: Arc::from(vec![ToolSpec {
                 name: "search".to_owned(),
                 description: "searches".to_owned(),
                 parameters: json!({"type": "object"}),
             }]),
-            max_tokens: None,
             thinking: Some("low".to_owned()),
-            credential: None,
+            ..openai_request(
+                "gpt-4o-mini",
+                vec![
+                    ChatMessage::user("look it up"),
+                    ChatMessage::Assistant {
+                        content: "".into(),
+                        tool_calls: vec![call],
+                    },
+                    ChatMessage::tool_result("call_1", "found it", false),
+                    ChatMessage::Assistant {
+                        content: "".into(),
+                        tool_calls: Vec::new(),
+                    },
+                ],
+            )
         };
         let cache = ToolsJson::default();
         let tools = cache.get(&req.tools).unwrap();
-        let body: Value =
-            serde_json::from_slice(&request_body(&req, Some(&tools), Some(256))).unwrap();
+        let body = parsed_body(&req, Some(&tools), Some(256));
         assert_eq!(
             body,
             json!({
@@ -549,29 +566,25 @@ mod tests {
     #[test]
     fn texts_that_need_escapes_survive_the_round_trip() {
         let req = ChatRequest {
-            model: ModelRef {
-                provider: Provider::OpenAi,
-                model: "m".to_owned(),
-            },
             system: Some("line one\nline \"two\"".to_owned()),
-            messages: vec![
-                ChatMessage::user("C:\\path\t\u{1}"),
-                ChatMessage::Assistant {
-                    content: "".into(),
-                    tool_calls: vec![ToolCall {
-                        id: "c\"1".to_owned(),
-                        name: "run".to_owned(),
-                        arguments: Value::String("{not json".to_owned()),
-                    }],
-                },
-                ChatMessage::tool_result("c\"1", "out\n", true),
-            ],
-            tools: Arc::from(Vec::new()),
             max_tokens: Some(7),
-            thinking: None,
-            credential: None,
+            ..openai_request(
+                "m",
+                vec![
+                    ChatMessage::user("C:\\path\t\u{1}"),
+                    ChatMessage::Assistant {
+                        content: "".into(),
+                        tool_calls: vec![ToolCall {
+                            id: "c\"1".to_owned(),
+                            name: "run".to_owned(),
+                            arguments: Value::String("{not json".to_owned()),
+                        }],
+                    },
+                    ChatMessage::tool_result("c\"1", "out\n", true),
+                ],
+            )
         };
-        let body: Value = serde_json::from_slice(&request_body(&req, None, None)).unwrap();
+        let body = parsed_body(&req, None, None);
         assert_eq!(
             body,
             json!({
@@ -608,19 +621,11 @@ mod tests {
         assert!(Arc::ptr_eq(&kept, &cache.get(&first.clone()).unwrap()));
         assert!(cache.get(&other).unwrap().contains(r#""name":"b""#));
         assert!(cache.get(&Arc::from(Vec::new())).is_none());
-        let req = ChatRequest {
-            model: ModelRef {
-                provider: Provider::OpenAi,
-                model: "m".to_owned(),
-            },
-            system: None,
-            messages: vec![ChatMessage::user("hi")],
-            tools: Arc::from(Vec::new()),
-            max_tokens: None,
-            thinking: None,
-            credential: None,
-        };
-        let body: Value = serde_json::from_slice(&request_body(&req, None, None)).unwrap();
+        let body = parsed_body(
+            &openai_request("m", vec![ChatMessage::user("hi")]),
+            None,
+            None,
+        );
         assert!(body.get("tools").is_none(), "{body}");
     }
 }
