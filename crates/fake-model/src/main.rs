@@ -4,7 +4,9 @@ use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-#[tokio::main]
+// One thread: it stands in for a remote model on the same cores as the stack it serves, and a
+// second worker only added wakeups to what the bench measures around it.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     use agentloop_fake_model::{FakeModelConfig, FakeModelState, serve};
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
