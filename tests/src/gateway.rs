@@ -459,16 +459,15 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
         .send()
         .await
         .unwrap();
-    let plain: Value = http
-        .post(&url)
-        .bearer_auth("tok")
-        .json(&body(false, "plain words"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let plain_request = || {
+        http.post(&url)
+            .bearer_auth("tok")
+            .header("idempotency-key", "plain-1")
+            .json(&body(false, "plain words"))
+    };
+    let plain: Value = plain_request().send().await.unwrap().json().await.unwrap();
+    // Sent again at once: the first answer is stored while it is returned, not before.
+    let repeated: Value = plain_request().send().await.unwrap().json().await.unwrap();
     // The fake model's directive spaces the answer's pieces 50 ms apart, as a model produces
     // them: pieces that arrive together would go out as one chunk.
     let streamed = http
@@ -524,6 +523,11 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
         plain["choices"][0]["message"]["content"], "echo: plain words",
         "{plain}"
     );
+    assert_eq!(
+        repeated["choices"][0]["message"]["content"], "echo: plain words",
+        "{repeated}"
+    );
+    assert_eq!(repeated["id"], plain["id"]);
     assert!(
         content_type.starts_with("text/event-stream"),
         "{content_type}"

@@ -87,9 +87,10 @@ pub(crate) struct Accepted {
 }
 
 enum Follow {
-    /// This call sent the message and listens for its events and reply.
+    /// This call sent the message and listens for its reply, and for its events when the
+    /// caller follows them.
     Sent {
-        events: async_nats::Subscriber,
+        events: Option<async_nats::Subscriber>,
         replies: async_nats::Subscriber,
     },
     /// Another call sent it; its record is watched until the answer is stored.
@@ -97,7 +98,8 @@ enum Follow {
 }
 
 /// Resolves the session, records the dispatch and publishes the message (unless its key was
-/// seen before).
+/// seen before). `with_events`: the caller follows the run's events, and is answered once the
+/// run has ended; without them, as soon as the reply is there.
 ///
 /// # Errors
 /// [`RequestError::InvalidRequest`] for a message the contract refuses,
@@ -107,6 +109,7 @@ pub(crate) async fn submit(
     sessions: &Sessions,
     submission: Submission,
     ttl: Duration,
+    with_events: bool,
 ) -> Result<Accepted, RequestError> {
     let deadline = Instant::now() + submission.timeout;
     let idempotency_key = submission
@@ -151,7 +154,11 @@ pub(crate) async fn submit(
     let inbound_subject = bus.subjects().inbound(&inbound.channel);
     let follow = if record.created {
         // Subscribe before publishing so neither a fast event nor a fast reply slips past.
-        let events = subscribe(bus, bus.subjects().session_events(&session.id)).await?;
+        let events = if with_events {
+            Some(subscribe(bus, bus.subjects().session_events(&session.id)).await?)
+        } else {
+            None
+        };
         let reply_subject = bus.subjects().reply(&agentloop_bus::nuid());
         let replies = subscribe(bus, reply_subject.clone()).await?;
         inbound.reply_subject = reply_subject;
@@ -219,19 +226,20 @@ impl Accepted {
                 )
                 .await;
                 if finished.status != EndStatus::Timeout {
-                    let stored = sessions
-                        .clone()
-                        .complete_dispatch(CompleteDispatchRequest {
-                            run_handle,
-                            status: finished.status.as_str().to_owned(),
-                            text: finished.text.clone(),
-                            error: finished.error.clone(),
-                        })
-                        .await;
-                    if let Err(status) = stored {
-                        // The answer still reaches this caller; a repeat falls back on the run.
-                        tracing::warn!(error = %status.message(), "failed to store the answer of a dispatch");
-                    }
+                    // Stored while the caller is answered: a repeat that comes first waits for
+                    // the record, and one that finds none stored falls back on the run.
+                    let request = CompleteDispatchRequest {
+                        run_handle,
+                        status: finished.status.as_str().to_owned(),
+                        text: finished.text.clone(),
+                        error: finished.error.clone(),
+                    };
+                    let mut sessions = sessions.clone();
+                    tokio::spawn(async move {
+                        if let Err(status) = sessions.complete_dispatch(request).await {
+                            tracing::warn!(error = %status.message(), "failed to store the answer of a dispatch");
+                        }
+                    });
                 }
                 finished
             }
@@ -241,7 +249,7 @@ impl Accepted {
 }
 
 async fn follow_sent<F, Fut>(
-    mut events: async_nats::Subscriber,
+    mut events: Option<async_nats::Subscriber>,
     mut replies: async_nats::Subscriber,
     sessions: &Sessions,
     session_key: &str,
@@ -259,12 +267,14 @@ where
     let mut ended = false;
     let mut stop_at = deadline;
     loop {
-        if reply.is_some() && (ended || ours.is_none()) {
+        // With events followed, the reply is held until the run's end event, so every event
+        // reaches the caller before the answer.
+        if reply.is_some() && (ended || ours.is_none() || events.is_none()) {
             break;
         }
         tokio::select! {
             () = tokio::time::sleep_until(stop_at) => break,
-            next = events.next() => {
+            next = next_event(events.as_mut()) => {
                 let Some(msg) = next else { break };
                 let Ok((event, _)) = agentloop_bus::decode::<SystemEvent>(&msg) else { continue };
                 if others.contains(&event.run_id) {
@@ -303,7 +313,9 @@ where
             }
         }
     }
-    let _ = events.unsubscribe().await;
+    if let Some(mut events) = events {
+        let _ = events.unsubscribe().await;
+    }
     let _ = replies.unsubscribe().await;
     match reply {
         Some(outbound) => Finished {
@@ -322,6 +334,14 @@ where
             error: "the run did not end in time".to_owned(),
             agent_run_id: ours.unwrap_or_default(),
         },
+    }
+}
+
+/// The next event, or never when the caller does not follow events.
+async fn next_event(events: Option<&mut async_nats::Subscriber>) -> Option<async_nats::Message> {
+    match events {
+        Some(events) => events.next().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -197,6 +197,7 @@ async fn start(
         &state.sessions,
         submission,
         state.dispatch_ttl(),
+        true,
     )
     .await
 }

@@ -204,6 +204,8 @@ async fn complete(
         &state.sessions,
         submission,
         state.dispatch_ttl(),
+        // A non-streaming answer needs only the reply.
+        request.stream,
     )
     .await?;
     let id = format!("chatcmpl-{}", accepted.run_handle);
