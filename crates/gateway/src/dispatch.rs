@@ -15,8 +15,7 @@ use tokio::time::Instant;
 use agentloop_bus::{Bus, error_chain};
 use agentloop_proto::v1::{
     BeginDispatchRequest, CompleteDispatchRequest, Dispatch, GetDispatchRequest, InboundMessage,
-    OutboundMessage, ResolveSessionRequest, SystemEvent,
-    session_service_client::SessionServiceClient,
+    OutboundMessage, SystemEvent, session_service_client::SessionServiceClient,
 };
 use agentloop_telemetry::TracedChannel;
 
@@ -131,31 +130,27 @@ pub(crate) async fn submit(
     };
     agentloop_proto::validate_inbound(&mut inbound, "webchat")
         .map_err(|err| RequestError::InvalidRequest(err.to_string()))?;
-    let mut memory = sessions.clone();
-    let session = memory
-        .resolve_session(ResolveSessionRequest {
-            session_key: inbound.session_key.clone(),
-            agent_id: inbound.agent_id.clone(),
-            channel: inbound.channel.clone(),
-        })
-        .await?
-        .into_inner();
-    let record = memory
+    // The session is resolved in the same call (no session_id given).
+    let record = sessions
+        .clone()
         .begin_dispatch(BeginDispatchRequest {
             session_key: inbound.session_key.clone(),
             idempotency_key: idempotency_key.clone(),
             run_handle: uuid::Uuid::now_v7().to_string(),
-            session_id: session.id.clone(),
             ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+            agent_id: inbound.agent_id.clone(),
+            channel: inbound.channel.clone(),
+            ..Default::default()
         })
         .await?
         .into_inner();
+    let session_id = record.session_id.clone();
     let msg_id = format!("{}:{}", inbound.session_key, idempotency_key);
     let inbound_subject = bus.subjects().inbound(&inbound.channel);
     let follow = if record.created {
         // Subscribe before publishing so neither a fast event nor a fast reply slips past.
         let events = if with_events {
-            Some(subscribe(bus, bus.subjects().session_events(&session.id)).await?)
+            Some(subscribe(bus, bus.subjects().session_events(&session_id)).await?)
         } else {
             None
         };
@@ -180,7 +175,7 @@ pub(crate) async fn submit(
     Ok(Accepted {
         run_handle: record.run_handle,
         session_key: inbound.session_key,
-        session_id: session.id,
+        session_id,
         idempotency_key,
         duplicate: !record.created,
         follow,

@@ -132,15 +132,8 @@ impl SessionApi {
                 "session_key is required".to_owned(),
             ));
         }
-        let agent_id = if req.agent_id.is_empty() {
-            "main"
-        } else {
-            req.agent_id.as_str()
-        };
-        let channel = (!req.channel.is_empty()).then_some(req.channel.as_str());
         let session = self
-            .store()?
-            .resolve_session(&req.session_key, agent_id, channel)
+            .resolve(&req.session_key, &req.agent_id, &req.channel)
             .await?;
         Ok(pb::Session {
             id: session.id.to_string(),
@@ -152,6 +145,23 @@ impl SessionApi {
             created_at: Some(timestamp(session.created_at)),
             created: session.created,
         })
+    }
+
+    /// The session of `key`, created on first sight; an empty agent is `main`, an empty
+    /// channel none.
+    async fn resolve(
+        &self,
+        key: &str,
+        agent_id: &str,
+        channel: &str,
+    ) -> Result<crate::store::Session, MemoryError> {
+        let agent_id = if agent_id.is_empty() {
+            "main"
+        } else {
+            agent_id
+        };
+        let channel = (!channel.is_empty()).then_some(channel);
+        self.store()?.resolve_session(key, agent_id, channel).await
     }
 
     async fn get_history(

@@ -77,7 +77,13 @@ impl SessionApi {
         require("session_key", &req.session_key)?;
         require("idempotency_key", &req.idempotency_key)?;
         let run_handle = parse_id("run_handle", &req.run_handle)?;
-        let session_id = parse_id("session_id", &req.session_id)?;
+        let session_id = if req.session_id.is_empty() {
+            self.resolve(&req.session_key, &req.agent_id, &req.channel)
+                .await?
+                .id
+        } else {
+            parse_id("session_id", &req.session_id)?
+        };
         let ttl = match req.ttl_ms {
             0 => DEFAULT_DISPATCH_TTL,
             ms => Duration::from_millis(u64::from(ms)),

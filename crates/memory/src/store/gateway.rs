@@ -9,6 +9,12 @@ use uuid::Uuid;
 use super::{Store, error::translate};
 use crate::MemoryError;
 
+/// How often one replica sweeps expired dispatch records, unless its last sweep was full.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The rows one sweep deletes at most (`queries/sweep_dispatches.sql`).
+const SWEEP_BATCH: u64 = 500;
+
 /// A session with its settings and usage.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct SessionInfo {
@@ -162,21 +168,49 @@ impl Store {
         ttl: Duration,
     ) -> Result<(bool, Dispatch), MemoryError> {
         // Expired records are swept here, a bounded batch at a time, rather than by a timer
-        // every memory replica would have to coordinate.
-        sqlx::query(include_str!("queries/sweep_dispatches.sql"))
-            .execute(&self.pool)
-            .await
-            .map_err(|err| translate(err, session_id))?;
+        // every memory replica would have to coordinate; at most once a second unless the last
+        // sweep found a full batch.
+        if self.dispatch_sweep_due() {
+            let swept = sqlx::query(include_str!("queries/sweep_dispatches.sql"))
+                .execute(&self.pool)
+                .await
+                .map_err(|err| translate(err, session_id))?;
+            if swept.rows_affected() >= SWEEP_BATCH {
+                self.dispatch_sweep_again();
+            }
+        }
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let inserted = sqlx::query_scalar::<_, Uuid>(include_str!("queries/begin_dispatch.sql"))
-            .bind(session_key)
-            .bind(idempotency_key)
-            .bind(run_handle)
-            .bind(session_id)
-            .bind(ttl_ms as f64)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|err| translate(err, session_id))?;
+        let inserted = sqlx::query_as::<_, (DateTime<Utc>, DateTime<Utc>)>(include_str!(
+            "queries/begin_dispatch.sql"
+        ))
+        .bind(session_key)
+        .bind(idempotency_key)
+        .bind(run_handle)
+        .bind(session_id)
+        .bind(ttl_ms as f64)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|err| translate(err, session_id))?;
+        if let Some((created_at, expires_at)) = inserted {
+            // Answered from what was written, without reading it back; the run fields stay
+            // empty (the caller sends the message next and follows the run from there).
+            let record = Dispatch {
+                session_key: session_key.to_owned(),
+                idempotency_key: idempotency_key.to_owned(),
+                run_handle,
+                session_id,
+                status: "accepted".to_owned(),
+                text: None,
+                error: None,
+                created_at,
+                expires_at,
+                run_id: None,
+                run_status: None,
+                run_error: None,
+                run_answer: None,
+            };
+            return Ok((true, record));
+        }
         let lookup = DispatchLookup::Keys {
             session_key: session_key.to_owned(),
             idempotency_key: idempotency_key.to_owned(),
@@ -185,7 +219,25 @@ impl Store {
             .get_dispatch(&lookup)
             .await?
             .ok_or_else(|| MemoryError::InvalidArgument("dispatch vanished".to_owned()))?;
-        Ok((inserted.is_some(), record))
+        Ok((false, record))
+    }
+
+    fn dispatch_sweep_due(&self) -> bool {
+        let now = std::time::Instant::now();
+        let Ok(mut next) = self.next_dispatch_sweep.lock() else {
+            return true;
+        };
+        if next.is_some_and(|at| now < at) {
+            return false;
+        }
+        *next = Some(now + SWEEP_EVERY);
+        true
+    }
+
+    fn dispatch_sweep_again(&self) {
+        if let Ok(mut next) = self.next_dispatch_sweep.lock() {
+            *next = None;
+        }
     }
 
     /// Returns a live dispatch record with its run's state, if there is one.

@@ -35,6 +35,8 @@ pub use sessions::Claim;
 pub struct Store {
     pool: PgPool,
     run_path: Arc<run_path::RunPath>,
+    /// When this replica next sweeps expired dispatch records (`None`: at the next dispatch).
+    next_dispatch_sweep: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl Store {
@@ -51,6 +53,7 @@ impl Store {
         Self {
             pool,
             run_path: Arc::new(run_path),
+            next_dispatch_sweep: Arc::default(),
         }
     }
 

@@ -207,6 +207,67 @@ async fn the_grpc_api_carries_a_whole_run(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "./migrations")]
+async fn a_dispatch_without_a_session_id_resolves_the_session_by_key_and_a_repeat_gets_the_first_record(
+    pool: PgPool,
+) {
+    let server = Running::start(url_of(&pool)).await;
+    server.wait_ready().await;
+    let mut client = server.client.clone();
+    let begin = |idempotency_key: &str, run_handle: uuid::Uuid| pb::BeginDispatchRequest {
+        session_key: "webchat:dora".to_owned(),
+        idempotency_key: idempotency_key.to_owned(),
+        run_handle: run_handle.to_string(),
+        agent_id: "helper".to_owned(),
+        channel: "webchat".to_owned(),
+        ..Default::default()
+    };
+    let (first_handle, second_handle) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+
+    let first = client
+        .begin_dispatch(begin("k1", first_handle))
+        .await
+        .unwrap()
+        .into_inner();
+    let repeat = client
+        .begin_dispatch(begin("k1", second_handle))
+        .await
+        .unwrap()
+        .into_inner();
+    let other = client
+        .begin_dispatch(begin("k2", second_handle))
+        .await
+        .unwrap()
+        .into_inner();
+    let session = client
+        .resolve_session(pb::ResolveSessionRequest {
+            session_key: "webchat:dora".to_owned(),
+            agent_id: String::new(),
+            channel: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    assert!(first.created);
+    assert_eq!(first.run_handle, first_handle.to_string());
+    assert_eq!(first.status, "accepted");
+    assert!(first.expires_at.is_some());
+    // The dispatch created the session, with the agent and channel it named.
+    assert!(!session.created);
+    assert_eq!(first.session_id, session.id);
+    assert_eq!(
+        (session.agent_id.as_str(), session.channel.as_str()),
+        ("helper", "webchat")
+    );
+    assert!(!repeat.created);
+    assert_eq!(repeat.run_handle, first_handle.to_string());
+    assert_eq!(repeat.session_id, session.id);
+    assert!(other.created);
+    assert_eq!(other.session_id, session.id);
+    server.stop().await;
+}
+
+#[sqlx::test(migrations = "./migrations")]
 async fn bad_requests_and_lost_leases_map_onto_status_codes(pool: PgPool) {
     let server = Running::start(url_of(&pool)).await;
     server.wait_ready().await;

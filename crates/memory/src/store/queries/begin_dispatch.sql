@@ -11,4 +11,4 @@ SET run_handle = EXCLUDED.run_handle,
     completed_at = NULL,
     expires_at = EXCLUDED.expires_at
 WHERE d.expires_at < now()
-RETURNING d.run_handle
+RETURNING d.created_at, d.expires_at
