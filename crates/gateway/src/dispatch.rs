@@ -5,7 +5,7 @@
 //! it is published, so a repeated key on any replica (or after a restart) finds the record and
 //! gets the first answer instead of starting a second run.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -201,7 +201,7 @@ impl Accepted {
     {
         let Self {
             run_handle,
-            session_key,
+            session_id,
             idempotency_key,
             follow,
             sessions,
@@ -210,16 +210,9 @@ impl Accepted {
         } = self;
         match follow {
             Follow::Sent { events, replies } => {
-                let finished = follow_sent(
-                    events,
-                    replies,
-                    &sessions,
-                    &session_key,
-                    &idempotency_key,
-                    deadline,
-                    on_event,
-                )
-                .await;
+                // The id of the run that processes this message derives from the message.
+                let ours = agentloop_proto::run_id(&session_id, &idempotency_key);
+                let finished = follow_sent(events, replies, &ours, deadline, on_event).await;
                 if finished.status != EndStatus::Timeout {
                     // Stored while the caller is answered: a repeat that comes first waits for
                     // the record, and one that finds none stored falls back on the run.
@@ -243,12 +236,12 @@ impl Accepted {
     }
 }
 
+/// Follows the run `ours` (the one that processes the message) to its reply and, with events
+/// followed, to its end. Events of other runs of the session are left out.
 async fn follow_sent<F, Fut>(
     mut events: Option<async_nats::Subscriber>,
     mut replies: async_nats::Subscriber,
-    sessions: &Sessions,
-    session_key: &str,
-    idempotency_key: &str,
+    ours: &str,
     deadline: Instant,
     mut on_event: F,
 ) -> Finished
@@ -256,15 +249,16 @@ where
     F: FnMut(SystemEvent) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let mut ours: Option<String> = None;
-    let mut others: HashSet<String> = HashSet::new();
+    // Whether our run has shown up (an event, or a reply that names it).
+    let mut seen = false;
     let mut reply: Option<OutboundMessage> = None;
     let mut ended = false;
     let mut stop_at = deadline;
     loop {
         // With events followed, the reply is held until the run's end event, so every event
-        // reaches the caller before the answer.
-        if reply.is_some() && (ended || ours.is_none() || events.is_none()) {
+        // reaches the caller before the answer. A reply from another run (the message joined
+        // a run already going) has no end event of ours to wait for.
+        if reply.is_some() && (ended || !seen || events.is_none()) {
             break;
         }
         tokio::select! {
@@ -272,24 +266,10 @@ where
             next = next_event(events.as_mut()) => {
                 let Some(msg) = next else { break };
                 let Ok((event, _)) = agentloop_bus::decode::<SystemEvent>(&msg) else { continue };
-                if others.contains(&event.run_id) {
+                if event.run_id != ours {
                     continue;
                 }
-                if ours.as_deref() != Some(event.run_id.as_str()) {
-                    if ours.is_some() {
-                        others.insert(event.run_id.clone());
-                        continue;
-                    }
-                    // A run's first event comes after its row exists, so one look at the
-                    // record tells whether this run is the one processing our message.
-                    match run_of(sessions, session_key, idempotency_key).await {
-                        Some(run_id) if run_id == event.run_id => ours = Some(run_id),
-                        Some(_) | None => {
-                            others.insert(event.run_id.clone());
-                            continue;
-                        }
-                    }
-                }
+                seen = true;
                 ended = event.stream == "lifecycle" && (event.phase == "end" || event.phase == "error");
                 on_event(event).await;
             }
@@ -297,9 +277,7 @@ where
                 let Some(msg) = next else { break };
                 match agentloop_bus::decode::<OutboundMessage>(&msg) {
                     Ok((outbound, _)) => {
-                        if ours.is_none() && !outbound.run_id.is_empty() {
-                            ours = Some(outbound.run_id.clone());
-                        }
+                        seen |= outbound.run_id == ours;
                         reply = Some(outbound);
                         stop_at = stop_at.min(Instant::now() + END_GRACE);
                     }
@@ -327,7 +305,7 @@ where
             status: EndStatus::Timeout,
             text: String::new(),
             error: "the run did not end in time".to_owned(),
-            agent_run_id: ours.unwrap_or_default(),
+            agent_run_id: if seen { ours.to_owned() } else { String::new() },
         },
     }
 }
@@ -338,20 +316,6 @@ async fn next_event(events: Option<&mut async_nats::Subscriber>) -> Option<async
         Some(events) => events.next().await,
         None => std::future::pending().await,
     }
-}
-
-async fn run_of(sessions: &Sessions, session_key: &str, idempotency_key: &str) -> Option<String> {
-    let record = sessions
-        .clone()
-        .get_dispatch(GetDispatchRequest {
-            session_key: session_key.to_owned(),
-            idempotency_key: idempotency_key.to_owned(),
-            ..Default::default()
-        })
-        .await
-        .ok()?
-        .into_inner();
-    Some(record.run_id)
 }
 
 /// Watches a dispatch record (by run handle or run id) until it has an answer or `deadline`.

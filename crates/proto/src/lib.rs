@@ -3,9 +3,11 @@
 //! applies to what it receives. No I/O.
 
 mod codec;
+mod run_id;
 mod validate;
 
 pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
+pub use run_id::run_id;
 pub use validate::{QueueMode, ValidationError, validate_inbound};
 
 /// Generated protobuf messages and the SessionService gRPC client and server.

@@ -357,6 +357,11 @@ async fn take_next_returns_the_oldest_input_and_counts_a_retake(pool: PgPool) {
         "a run's id comes from its input, so a run repeated after a crash keeps it"
     );
     assert_eq!(
+        agentloop_proto::run_id(&session_id.to_string(), "k1"),
+        derived.to_string(),
+        "clients derive the same id"
+    );
+    assert_eq!(
         retaken.run.id, taken.run.id,
         "a re-take resumes the same run"
     );
