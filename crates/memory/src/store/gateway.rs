@@ -155,7 +155,8 @@ impl Store {
     }
 
     /// Records a dispatch under `run_handle` and returns `(created, record)`: `created` is false
-    /// when a live record for the same keys exists, and that record is returned instead.
+    /// when a live record for the same keys exists, and that record is returned instead. A
+    /// record created here comes back without run fields: its message is not sent yet.
     ///
     /// # Errors
     /// [`MemoryError::SessionNotFound`] for an unknown session, or a database error.
