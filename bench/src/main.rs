@@ -577,19 +577,30 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     report.rss_after_mem = stack::rss_by_name(stack);
 
-    step("scaling: a second runner, 100 sessions");
-    stack.add_runner("runner-2").await?;
+    // Scaling: one runner, two, then one again, back to back on the same database, so the
+    // two-runner phase is compared with one-runner phases under the same conditions (the
+    // throughput phases above ran before the memory phase grew the tables).
     let (sessions, per) = plan.tp[2];
-    let two = phases::run(
-        stack,
-        &client,
-        &pool,
-        &load("tp100x2", sessions, sessions, per, plan.phase_limit),
-        2,
-    )
-    .await?;
-    step(&summary_line(&two, tck));
-    report.scaling = Some(two);
+    for (name, runners) in [("tp100x1", 1), ("tp100x2", 2), ("tp100x1b", 1)] {
+        match (runners, stack.procs.iter().any(|p| p.name == "runner-2")) {
+            (2, false) => stack.add_runner("runner-2").await?,
+            (1, true) => stack.stop("runner-2").await?,
+            _ => {}
+        }
+        step(&format!(
+            "scaling: {runners} runner(s), {sessions} sessions"
+        ));
+        let p = phases::run(
+            stack,
+            &client,
+            &pool,
+            &load(name, sessions, sessions, per, plan.phase_limit),
+            runners,
+        )
+        .await?;
+        step(&summary_line(&p, tck));
+        report.scaling.push(p);
+    }
     report.runner_completed_metric = stack
         .metric("runner", "agentloop_runner_runs_completed_total")
         .await;

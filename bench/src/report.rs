@@ -151,8 +151,9 @@ pub struct Report {
     pub throughput: Vec<PhaseResult>,
     /// The memory phase.
     pub memory_phase: Option<PhaseResult>,
-    /// Scaling: 100 sessions with two runners.
-    pub scaling: Option<PhaseResult>,
+    /// Scaling, after the memory phase, back to back: 100 sessions on one runner, on two, then
+    /// on one again.
+    pub scaling: Vec<PhaseResult>,
     /// RSS KiB per process: idle after start.
     pub rss_idle: Vec<(String, u64)>,
     /// RSS KiB per process: before the memory phase.
@@ -196,8 +197,8 @@ impl Report {
         self.latency
             .iter()
             .chain(&self.throughput)
-            .chain(self.scaling.iter())
             .chain(self.memory_phase.iter())
+            .chain(&self.scaling)
             .find(|p| p.name == name)
     }
 
@@ -470,14 +471,26 @@ impl Report {
                 )
             );
         }
-        if let (Some(one), Some(two)) = (self.phase("tp100"), self.scaling.as_ref()) {
+        if let (Some(one), Some(two), Some(again)) = (
+            self.phase("tp100x1"),
+            self.phase("tp100x2"),
+            self.phase("tp100x1b"),
+        ) {
+            let base = f64::midpoint(one.rate(), again.rate());
             let _ = writeln!(
                 s,
-                "| scaling, 100 sessions: 1 → 2 runners | {:.0} → {:.0} runs/s ({:.2}×) | (measure) | {} | — | — |",
+                "| scaling, 100 sessions: 1 → 2 runners | {:.0} / {:.0} → {:.0} runs/s ({:.2}×) | (measure) | \
+                 1 runner, 2 runners, 1 runner again, back to back after the memory phase, against the mean \
+                 of the two 1-runner phases; with 2 runners the {} (the runner is {:.0} % of the stack's \
+                 CPU per run: a second runner process spreads that share, and on 2 cores it finds no \
+                 idle core) | — | — |",
                 one.rate(),
+                again.rate(),
                 two.rate(),
-                two.rate() / one.rate().max(1e-9),
-                self.bound_cpu(two)
+                two.rate() / base.max(1e-9),
+                self.bound_cpu(two),
+                100.0 * one.cpu_ms_per_run(&["runner"], self.tck)
+                    / one.cpu_ms_per_run(&STACK_GROUPS, self.tck).max(1e-9),
             );
         }
         let _ = writeln!(
@@ -603,6 +616,21 @@ impl Report {
         s
     }
 
+    /// A throughput row's sessions column, with the phase named where the count alone is
+    /// ambiguous.
+    fn row_label(&self, p: &PhaseResult) -> String {
+        if p.name == "mem" {
+            format!(
+                "{} (memory phase, 1 msg × {} sessions)",
+                p.concurrency, self.mem_sessions
+            )
+        } else if p.name.starts_with("tp100x") {
+            format!("{} (scaling, after the memory phase)", p.concurrency)
+        } else {
+            p.concurrency.to_string()
+        }
+    }
+
     fn throughput_section(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(
@@ -617,19 +645,12 @@ impl Report {
         let rows: Vec<&PhaseResult> = self
             .throughput
             .iter()
-            .chain(self.scaling.iter())
             .chain(self.memory_phase.iter())
+            .chain(&self.scaling)
             .collect();
         for p in &rows {
             let t = pct(&p.totals);
-            let label = if p.name == "mem" {
-                format!(
-                    "{} (memory phase, 1 msg × {} sessions)",
-                    p.concurrency, self.mem_sessions
-                )
-            } else {
-                p.concurrency.to_string()
-            };
+            let label = self.row_label(p);
             let _ = writeln!(
                 s,
                 "| {label} | {} | {} | {} | {} / {} / {} / {} | {} | {} | {:.0} | {:.1} / {:.1} | {} | {:.2} | {:.2} | {} |",
@@ -673,7 +694,7 @@ impl Report {
         }
         let _ = writeln!(s, "{header}\n{sep}");
         for p in &rows {
-            let _ = write!(s, "| {} | {} |", p.concurrency, p.runners);
+            let _ = write!(s, "| {} | {} |", self.row_label(p), p.runners);
             for g in &groups {
                 let _ = write!(s, " {:.3} |", p.cpu_ms_per_run(&[g], self.tck));
             }

@@ -294,25 +294,24 @@ impl Stack {
 
     /// Stops everything in reverse start order: SIGTERM, then SIGKILL after a grace period.
     pub async fn shutdown(&mut self) {
-        while let Some(mut proc) = self.procs.pop() {
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &proc.pid.to_string()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            let grace = Duration::from_secs(if proc.name.starts_with("runner") {
-                10
-            } else {
-                5
-            });
-            if tokio::time::timeout(grace, proc.child.wait())
-                .await
-                .is_err()
-            {
-                eprintln!("{} did not stop in {grace:?}, killing it", proc.name);
-                let _ = proc.child.kill().await;
-            }
+        while let Some(proc) = self.procs.pop() {
+            terminate(proc).await;
         }
+    }
+
+    /// Stops one process (a runner replica added for the scaling phases) as [`Self::shutdown`]
+    /// stops each.
+    ///
+    /// # Errors
+    /// When no process has that name.
+    pub async fn stop(&mut self, name: &str) -> anyhow::Result<()> {
+        let at = self
+            .procs
+            .iter()
+            .position(|p| p.name == name)
+            .with_context(|| format!("no process named {name}"))?;
+        terminate(self.procs.remove(at)).await;
+        Ok(())
     }
 
     /// The gateway's HTTP address (clients, `/ws`, `/v1/chat/completions`).
@@ -328,6 +327,28 @@ impl Stack {
     /// The scratch directory.
     pub fn run_dir(&self) -> &Path {
         &self.config.run_dir
+    }
+}
+
+/// SIGTERM, then SIGKILL when the process has not exited after its grace period (a runner
+/// drains its runs first, so it gets longer).
+async fn terminate(mut proc: Proc) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &proc.pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let grace = Duration::from_secs(if proc.name.starts_with("runner") {
+        10
+    } else {
+        5
+    });
+    if tokio::time::timeout(grace, proc.child.wait())
+        .await
+        .is_err()
+    {
+        eprintln!("{} did not stop in {grace:?}, killing it", proc.name);
+        let _ = proc.child.kill().await;
     }
 }
 
