@@ -96,9 +96,7 @@ impl Memory {
         // Whichever half fails first stops the other, so a fatal migration error does not
         // leave a server that can never become ready.
         let stop = shutdown.child_token();
-        // Small request/response messages: Nagle would add latency to every call.
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = agentloop_telemetry::grpc_incoming(listener);
         let grpc = {
             let stop = stop.clone();
             async move {

@@ -2,11 +2,14 @@
 //! logs, `RUST_LOG` filter), OTLP span export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C
 //! `traceparent` propagation over NATS headers and gRPC metadata.
 
+mod coalesce;
 mod propagation;
 
+pub use coalesce::CoalescingIo;
+
 pub use propagation::{
-    GrpcTraceInjector, TracedChannel, grpc_server_span, inject_grpc, inject_map, inject_nats,
-    set_parent_from_map, set_parent_from_nats, traced_channel,
+    GrpcTraceInjector, TracedChannel, grpc_incoming, grpc_server_span, inject_grpc, inject_map,
+    inject_nats, set_parent_from_map, set_parent_from_nats, traced_channel,
 };
 
 use opentelemetry::trace::TracerProvider as _;

@@ -1,6 +1,7 @@
 //! W3C trace context through NATS headers and tonic metadata. Header names are lowercase
 //! (`traceparent`, `tracestate`) because NATS header lookups are case-sensitive.
 
+use crate::CoalescingIo;
 use async_nats::HeaderMap;
 use opentelemetry::global;
 use opentelemetry::propagation::{Extractor, Injector};
@@ -122,6 +123,52 @@ where
     }
 }
 
+/// Opens plain TCP connections (`http://` endpoints) whose writes go out per turn of the
+/// runtime (see [`CoalescingIo`]), without Nagle's delay.
+#[derive(Debug, Clone, Copy)]
+struct CoalescingConnector;
+
+impl tower_service::Service<http::Uri> for CoalescingConnector {
+    type Response = hyper_util::rt::TokioIo<CoalescingIo<tokio::net::TcpStream>>;
+    type Error = std::io::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        Box::pin(async move {
+            let host = uri.host().ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("no host in {uri}"),
+                )
+            })?;
+            // An IPv6 literal comes bracketed in the URI.
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port = uri.port_u16().unwrap_or(80);
+            let stream = tokio::net::TcpStream::connect((host, port)).await?;
+            stream.set_nodelay(true)?;
+            Ok(hyper_util::rt::TokioIo::new(CoalescingIo::new(stream)))
+        })
+    }
+}
+
+/// The connections a gRPC server accepts on `listener`, without Nagle's delay and with their
+/// writes sent per turn of the runtime (see [`CoalescingIo`]).
+pub fn grpc_incoming(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<CoalescingIo<tokio::net::TcpStream>>> {
+    use futures::StreamExt as _;
+    tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(|accepted| accepted.map(CoalescingIo::new))
+}
+
 /// Returns a lazily connecting, self-reconnecting channel to `url` that propagates traces.
 ///
 /// # Errors
@@ -129,9 +176,8 @@ where
 pub fn traced_channel(url: &str) -> Result<TracedChannel, tonic::transport::Error> {
     let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
         .connect_timeout(std::time::Duration::from_secs(2))
-        .tcp_nodelay(true)
         .http2_keep_alive_interval(std::time::Duration::from_secs(30))
-        .connect_lazy();
+        .connect_with_connector_lazy(CoalescingConnector);
     Ok(tonic::service::interceptor::InterceptedService::new(
         WholeBody(channel),
         GrpcTraceInjector,
