@@ -1,6 +1,7 @@
 //! Tracing and OpenTelemetry for every agentloop process: a `tracing` subscriber (text or JSON
 //! logs, `RUST_LOG` filter), OTLP span export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C
-//! `traceparent` propagation over NATS headers and gRPC metadata.
+//! `traceparent` propagation over NATS headers and gRPC metadata, and the gRPC connections those
+//! calls ride on (a traced channel for clients, accepted connections for servers).
 
 mod coalesce;
 mod propagation;
