@@ -133,14 +133,21 @@ impl tonic::transport::server::Connected for CoalescingIo<tokio::net::TcpStream>
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A wrapped client end and the plain server end of one loopback connection.
+    async fn connected() -> (CoalescingIo<TcpStream>, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (CoalescingIo::new(client), server)
+    }
 
     #[tokio::test]
     async fn writes_reach_the_peer_in_one_piece_only_at_the_second_flush() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
-        let mut io = CoalescingIo::new(client);
+        let (mut io, mut server) = connected().await;
 
         io.write_all(b"headers|").await.unwrap();
         // The first flush yields: nothing has left yet.
@@ -163,11 +170,7 @@ mod tests {
 
     #[tokio::test]
     async fn large_writes_go_out_without_waiting_for_a_flush() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
-        let mut io = CoalescingIo::new(client);
+        let (mut io, mut server) = connected().await;
 
         let block = vec![7u8; HOLD_LIMIT];
         io.write_all(&block).await.unwrap();
