@@ -50,4 +50,19 @@ export NATS_URL
 log "building agentloop (release)"
 cargo build --release --locked -p agentloop
 log "starting agentloop all (NATS_URL=$NATS_URL, DATABASE_URL=$DATABASE_URL); Ctrl-C stops it"
-target/release/agentloop all "$@"
+# In the background so that a SIGTERM sent to this script (a supervisor, `timeout`, `kill`) is
+# handed on and waited for: bash runs no trap while a foreground child runs, and without one it
+# would exit at once, stopping nats-server under a still running agentloop. Ctrl-C needs no
+# forwarding: the terminal signals the whole process group, agentloop included, and a second
+# signal would make agentloop skip its graceful stop.
+target/release/agentloop all "$@" &
+AGENTLOOP_PID=$!
+trap 'kill -TERM "$AGENTLOOP_PID" 2>/dev/null || true' TERM
+trap ':' INT
+status=0
+while :; do
+  # `wait` returns early when a trapped signal arrives; the process may still be stopping.
+  wait "$AGENTLOOP_PID" && status=0 || status=$?
+  kill -0 "$AGENTLOOP_PID" 2>/dev/null || break
+done
+exit "$status"
