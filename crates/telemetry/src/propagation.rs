@@ -142,6 +142,13 @@ impl tower_service::Service<http::Uri> for CoalescingConnector {
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         Box::pin(async move {
+            if uri.scheme_str() != Some("http") {
+                // No TLS is built in: a gRPC peer is reached over the cluster's network.
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{uri}: only http:// gRPC endpoints are supported"),
+                ));
+            }
             let host = uri.host().ok_or_else(|| {
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
@@ -240,4 +247,25 @@ pub fn grpc_server_span(request: &tonic::codegen::http::Request<()>) -> tracing:
         let _ = span.set_parent(cx);
     }
     span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_service::Service as _;
+
+    #[tokio::test]
+    async fn the_connector_reaches_http_endpoints_and_refuses_others() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let uri: http::Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
+        let io = CoalescingConnector.call(uri).await.unwrap();
+        let (_, peer) = listener.accept().await.unwrap();
+        assert_eq!(io.inner().get_ref().local_addr().unwrap(), peer);
+        assert!(io.inner().get_ref().nodelay().unwrap());
+
+        let https: http::Uri = format!("https://127.0.0.1:{port}").parse().unwrap();
+        let refused = CoalescingConnector.call(https).await.unwrap_err();
+        assert!(refused.to_string().contains("only http://"), "{refused}");
+    }
 }
