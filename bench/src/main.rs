@@ -272,6 +272,7 @@ async fn soak(
     step("warm-up");
     phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
     step(&format!("soak: {sessions} sessions × {per} messages"));
+    let owners_before = runner_owners(stack).await;
     let p = phases::run(
         stack,
         &client,
@@ -280,6 +281,16 @@ async fn soak(
         1,
     )
     .await?;
+    let owners = runner_owners(stack)
+        .await
+        .zip(owners_before)
+        .map_or("runner: counters not read".to_owned(), |(after, before)| {
+            let (runs, claims) = (after.0 - before.0, after.1 - before.1);
+            format!(
+                "runner: {runs} runs completed, {claims} session claims ({} runs taken by an owner that already held its session)",
+                runs.saturating_sub(claims)
+            )
+        });
     pool.close().await;
     let (calls, batches) = p.batched.unwrap_or_default();
     let tck = procfs::clock_ticks_per_sec();
@@ -293,11 +304,22 @@ async fn soak(
         })
         .collect();
     Ok(format!(
-        "{}\nCPU-ms/run by process: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)",
+        "{}\nCPU-ms/run by process: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}",
         summary_line(&p, tck),
         by_process.join(", "),
         calls as f64 / batches.max(1) as f64
     ))
+}
+
+/// The runner's completed runs and session claims so far.
+async fn runner_owners(stack: &Stack) -> Option<(u64, u64)> {
+    let runs = stack
+        .metric("runner", "agentloop_runner_runs_completed_total")
+        .await?;
+    let claims = stack
+        .metric("runner", "agentloop_runner_session_claims_total")
+        .await?;
+    Some((runs, claims))
 }
 
 async fn drop_database(pg_base: &str, db_name: &str) -> anyhow::Result<()> {

@@ -48,6 +48,8 @@ pub struct PhaseResult {
     /// Enqueue and FinishRun calls memory carried during the phase, and the batches (one round
     /// trip and commit each) it sent them in.
     pub batched: Option<(u64, u64)>,
+    /// The whole machine's CPU time over the phase (every process, and the hypervisor's steal).
+    pub machine: Option<procfs::MachineTicks>,
 }
 
 impl PhaseResult {
@@ -166,14 +168,19 @@ pub async fn run(
     let _ = client.take_tally();
     let pg_before = postgres_pids(pool, &stack.db_name).await?;
     let cpu_before = CpuSnapshot::take(&all_pids(stack, &pg_before));
+    let machine_before = procfs::MachineTicks::take();
     let batches_before = stack.memory_batches().await;
     let mut result = drive(client, load, runners).await?;
+    let machine_after = procfs::MachineTicks::take();
     let batches_after = stack.memory_batches().await;
     let pg_after = postgres_pids(pool, &stack.db_name).await?;
     let mut pids = all_pids(stack, &pg_before);
     pids.extend(pg_after);
     let cpu_after = CpuSnapshot::take(&pids);
     result.cpu_ticks = cpu_after.delta_since(&cpu_before);
+    result.machine = machine_before
+        .zip(machine_after)
+        .map(|(before, after)| after.since(&before));
     result.batched = batches_before
         .zip(batches_after)
         .map(|(before, after)| (after.0 - before.0, after.1 - before.1));

@@ -53,6 +53,55 @@ pub fn clock_ticks_per_sec() -> u64 {
         .unwrap_or(100)
 }
 
+/// The machine's CPU time in clock ticks, summed over its CPUs (the first line of `/proc/stat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MachineTicks {
+    /// Time the CPUs ran anything: user, nice, system, irq and softirq.
+    pub busy: u64,
+    /// Time the hypervisor gave this machine's virtual CPUs to someone else while they had work.
+    pub steal: u64,
+    /// All the time accounted, idle and iowait included.
+    pub total: u64,
+}
+
+impl MachineTicks {
+    /// Reads `/proc/stat`; `None` when it cannot be read or parsed.
+    pub fn take() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Parses the aggregate `cpu` line of a `/proc/stat` text.
+    pub fn parse(stat: &str) -> Option<Self> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        // proc(5): user nice system idle iowait irq softirq steal [guest guest_nice]; guest
+        // time is already counted in user and nice, so it is left out of the total.
+        let field = |i: usize| fields.get(i).copied().unwrap_or(0);
+        if fields.len() < 4 {
+            return None;
+        }
+        Some(Self {
+            busy: field(0) + field(1) + field(2) + field(5) + field(6),
+            steal: field(7),
+            total: (0..8).map(field).sum(),
+        })
+    }
+
+    /// Ticks accounted between `before` and `self`.
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            busy: self.busy.saturating_sub(before.busy),
+            steal: self.steal.saturating_sub(before.steal),
+            total: self.total.saturating_sub(before.total),
+        }
+    }
+}
+
 /// CPU ticks of a set of processes, grouped by a display name.
 #[derive(Debug, Clone, Default)]
 pub struct CpuSnapshot {
@@ -199,4 +248,28 @@ pub fn loopback_round_trip() -> std::io::Result<std::time::Duration> {
     let _ = echo.join();
     times.sort();
     Ok(times[times.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MachineTicks;
+
+    #[test]
+    fn machine_ticks_sum_busy_fields_and_keep_steal_apart() {
+        let stat = "cpu  100 5 20 1000 7 3 2 40 9 0\ncpu0 50 2 10 500 3 1 1 20 0 0\n";
+        let ticks = MachineTicks::parse(stat).expect("an aggregate cpu line");
+        assert_eq!(ticks.busy, 100 + 5 + 20 + 3 + 2);
+        assert_eq!(ticks.steal, 40);
+        assert_eq!(ticks.total, 100 + 5 + 20 + 1000 + 7 + 3 + 2 + 40);
+        let later = MachineTicks::parse("cpu  110 5 25 1100 7 3 2 55 9 0\n").expect("parsed");
+        assert_eq!(
+            later.since(&ticks),
+            MachineTicks {
+                busy: 15,
+                steal: 15,
+                total: 130
+            }
+        );
+        assert_eq!(MachineTicks::parse("intr 1 2 3\n"), None);
+    }
 }

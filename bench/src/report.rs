@@ -217,6 +217,23 @@ impl Report {
         ms / 1000.0 / p.elapsed.as_secs_f64().max(1e-9)
     }
 
+    /// The machine over a phase, in cores: (taken by the hypervisor's steal, left idle).
+    fn machine_cores(&self, p: &PhaseResult) -> Option<(f64, f64)> {
+        let machine = p.machine?;
+        let cores =
+            |ticks: u64| ticks as f64 / self.tck.max(1) as f64 / p.elapsed.as_secs_f64().max(1e-9);
+        let idle = machine.total.saturating_sub(machine.busy + machine.steal);
+        Some((cores(machine.steal), cores(idle)))
+    }
+
+    /// The same, as words for a verdict.
+    fn machine_words(&self, p: &PhaseResult) -> String {
+        self.machine_cores(p)
+            .map_or_else(String::new, |(steal, idle)| {
+                format!("; the hypervisor withheld {steal:.2} cores (steal), {idle:.2} stayed idle")
+            })
+    }
+
     fn hop_summary(&self) -> Vec<(String, String, Pct)> {
         HOPS.iter()
             .map(|(name, covers, f)| {
@@ -254,10 +271,11 @@ impl Report {
             .map(|(g, ms)| format!("{g} {ms:.2}"))
             .collect();
         format!(
-            "stack used {:.2} of {} cores; CPU-ms/run by process: {}",
+            "stack used {:.2} of {} cores; CPU-ms/run by process: {}{}",
             self.stack_cores(p),
             self.machine.0,
-            split.join(", ")
+            split.join(", "),
+            self.machine_words(p)
         )
     }
 
@@ -321,7 +339,9 @@ impl Report {
              bench's own connection), the checkpointer, background writer, WAL writer, autovacuum launcher \
              and the postmaster. The shared Postgres processes also serve other databases on this machine, \
              so the Postgres figure is an upper bound. The fake model and the bench client are shown apart \
-             and not counted.\n\
+             and not counted. Machine cores stolen / idle: from the machine's `/proc/stat` over the \
+             phase, the hypervisor's steal (time a virtual CPU had work but was not given a real one) and \
+             the idle time (iowait included), in cores.\n\
              - Memory: VmRSS from `/proc/<pid>/status`. Per idle session: runner RSS after the memory phase \
              (idle) minus before it, divided by the sessions it added.\n\
              - Hop profile: a phase of its own after the 1-session latency phase, so its tracing (a \
@@ -361,7 +381,12 @@ impl Report {
                 l.p50,
                 verdict(
                     l.p50 < 3.0,
-                    format!("{:.1}× the target; {}", l.p50 / 3.0, self.bound_latency())
+                    format!(
+                        "{:.1}× the target; {}{}",
+                        l.p50 / 3.0,
+                        self.bound_latency(),
+                        self.machine_words(p)
+                    )
                 )
             );
             let _ = writeln!(
@@ -639,9 +664,12 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| sessions | runners | sent | replies ok | wrong / lost / dup / stray | persisted runs | transcript rows | runs/s | latency p50 / p99 ms | stalled > 1 s | stack CPU-ms/run | stack cores busy | memory calls per batch |"
+            "| sessions | runners | sent | replies ok | wrong / lost / dup / stray | persisted runs | transcript rows | runs/s | latency p50 / p99 ms | stalled > 1 s | stack CPU-ms/run | stack cores busy | machine cores stolen / idle | memory calls per batch |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            s,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
         let rows: Vec<&PhaseResult> = self
             .throughput
             .iter()
@@ -653,7 +681,7 @@ impl Report {
             let label = self.row_label(p);
             let _ = writeln!(
                 s,
-                "| {label} | {} | {} | {} | {} / {} / {} / {} | {} | {} | {:.0} | {:.1} / {:.1} | {} | {:.2} | {:.2} | {} |",
+                "| {label} | {} | {} | {} | {} / {} / {} / {} | {} | {} | {:.0} | {:.1} / {:.1} | {} | {:.2} | {:.2} | {} | {} |",
                 p.runners,
                 p.sent,
                 p.ok,
@@ -674,6 +702,10 @@ impl Report {
                 },
                 p.cpu_ms_per_run(&STACK_GROUPS, self.tck),
                 self.stack_cores(p),
+                self.machine_cores(p)
+                    .map_or("—".to_owned(), |(steal, idle)| format!(
+                        "{steal:.2} / {idle:.2}"
+                    )),
                 p.batched.map_or("—".to_owned(), |(calls, batches)| format!(
                     "{:.2}",
                     calls as f64 / batches.max(1) as f64
