@@ -27,14 +27,16 @@ impl Store {
     /// # Errors
     /// A database error.
     pub async fn active_cooldowns(&self, provider: &str) -> Result<Vec<Cooldown>, MemoryError> {
-        sqlx::query_as::<_, Cooldown>(
+        let mut conn = self.conn(uuid::Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, Cooldown>(
             "SELECT provider, profile, failures, cooldown_until, last_error FROM auth_profile_cooldowns \
              WHERE provider = $1 AND cooldown_until > now() ORDER BY profile",
         )
         .bind(provider)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|err| translate(err, uuid::Uuid::nil()))
+        .fetch_all(&mut *conn)
+        .await;
+        conn.keep_after(&result);
+        result.map_err(|err| translate(err, uuid::Uuid::nil()))
     }
 
     /// Counts a failure and starts a cooldown of `base_ms * 2^(failures - 1)`, at most `max_ms`.
@@ -49,7 +51,8 @@ impl Store {
         base_ms: i64,
         max_ms: i64,
     ) -> Result<Cooldown, MemoryError> {
-        sqlx::query_as::<_, Cooldown>(
+        let mut conn = self.conn(uuid::Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, Cooldown>(
             "INSERT INTO auth_profile_cooldowns AS c (provider, profile, failures, cooldown_until, last_error) \
              VALUES ($1, $2, 1, now() + make_interval(secs => $4::float8 / 1000), $3) \
              ON CONFLICT (provider, profile) DO UPDATE SET \
@@ -63,9 +66,10 @@ impl Store {
         .bind(error)
         .bind(base_ms.max(1))
         .bind(max_ms.max(1))
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|err| translate(err, uuid::Uuid::nil()))
+        .fetch_one(&mut *conn)
+        .await;
+        conn.keep_after(&result);
+        result.map_err(|err| translate(err, uuid::Uuid::nil()))
     }
 
     /// Forgets a profile's failures after a successful call.
@@ -77,12 +81,15 @@ impl Store {
         provider: &str,
         profile: &str,
     ) -> Result<(), MemoryError> {
-        sqlx::query("DELETE FROM auth_profile_cooldowns WHERE provider = $1 AND profile = $2")
-            .bind(provider)
-            .bind(profile)
-            .execute(&self.pool)
-            .await
-            .map_err(|err| translate(err, uuid::Uuid::nil()))?;
+        let mut conn = self.conn(uuid::Uuid::nil()).await?;
+        let result =
+            sqlx::query("DELETE FROM auth_profile_cooldowns WHERE provider = $1 AND profile = $2")
+                .bind(provider)
+                .bind(profile)
+                .execute(&mut *conn)
+                .await;
+        conn.keep_after(&result);
+        result.map_err(|err| translate(err, uuid::Uuid::nil()))?;
         Ok(())
     }
 }

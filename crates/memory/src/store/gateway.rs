@@ -110,12 +110,14 @@ impl Store {
         limit: u32,
         agent_id: Option<&str>,
     ) -> Result<Vec<SessionInfo>, MemoryError> {
-        sqlx::query_as::<_, SessionInfo>(include_str!("queries/list_sessions.sql"))
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, SessionInfo>(include_str!("queries/list_sessions.sql"))
             .bind(i64::from(limit))
             .bind(agent_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|err| translate(err, Uuid::nil()))
+            .fetch_all(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        result.map_err(|err| translate(err, Uuid::nil()))
     }
 
     /// Clears the transcript of the session keyed `key`; its id and settings stay.
@@ -123,10 +125,13 @@ impl Store {
     /// # Errors
     /// [`MemoryError::InvalidArgument`] when no session has that key, or a database error.
     pub async fn reset_session(&self, key: &str) -> Result<SessionInfo, MemoryError> {
-        sqlx::query_as::<_, SessionInfo>(include_str!("queries/reset_session.sql"))
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, SessionInfo>(include_str!("queries/reset_session.sql"))
             .bind(key)
-            .fetch_optional(&self.pool)
-            .await
+            .fetch_optional(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        result
             .map_err(|err| translate(err, Uuid::nil()))?
             .ok_or_else(|| unknown_key(key))
     }
@@ -140,7 +145,8 @@ impl Store {
         key: &str,
         patch: &SessionPatch,
     ) -> Result<SessionInfo, MemoryError> {
-        sqlx::query_as::<_, SessionInfo>(include_str!("queries/patch_session.sql"))
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, SessionInfo>(include_str!("queries/patch_session.sql"))
             .bind(key)
             .bind(patch.model_override.is_some())
             .bind(patch.model_override.as_deref().unwrap_or_default())
@@ -148,8 +154,10 @@ impl Store {
             .bind(patch.queue_mode.as_deref().unwrap_or_default())
             .bind(patch.thinking_level.is_some())
             .bind(patch.thinking_level.as_deref().unwrap_or_default())
-            .fetch_optional(&self.pool)
-            .await
+            .fetch_optional(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        result
             .map_err(|err| translate(err, Uuid::nil()))?
             .ok_or_else(|| unknown_key(key))
     }
@@ -172,16 +180,19 @@ impl Store {
         // every memory replica would have to coordinate; at most once a second unless the last
         // sweep found a full batch.
         if self.dispatch_sweep_due() {
-            let swept = sqlx::query(include_str!("queries/sweep_dispatches.sql"))
-                .execute(&self.pool)
-                .await
-                .map_err(|err| translate(err, session_id))?;
+            let mut conn = self.conn(session_id).await?;
+            let result = sqlx::query(include_str!("queries/sweep_dispatches.sql"))
+                .execute(&mut *conn)
+                .await;
+            conn.keep_after(&result);
+            let swept = result.map_err(|err| translate(err, session_id))?;
             if swept.rows_affected() >= SWEEP_BATCH {
                 self.dispatch_sweep_again();
             }
         }
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let inserted = sqlx::query_as::<_, (DateTime<Utc>, DateTime<Utc>)>(include_str!(
+        let mut conn = self.conn(session_id).await?;
+        let result = sqlx::query_as::<_, (DateTime<Utc>, DateTime<Utc>)>(include_str!(
             "queries/begin_dispatch.sql"
         ))
         .bind(session_key)
@@ -189,9 +200,10 @@ impl Store {
         .bind(run_handle)
         .bind(session_id)
         .bind(ttl_ms as f64)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|err| translate(err, session_id))?;
+        .fetch_optional(&mut *conn)
+        .await;
+        conn.keep_after(&result);
+        let inserted = result.map_err(|err| translate(err, session_id))?;
         if let Some((created_at, expires_at)) = inserted {
             // Answered from what was written, without reading it back; the run fields stay
             // empty (the caller sends the message next and follows the run from there).
@@ -260,13 +272,15 @@ impl Store {
                 Some(idempotency_key.as_str()),
             ),
         };
-        sqlx::query_as::<_, Dispatch>(include_str!("queries/get_dispatch.sql"))
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, Dispatch>(include_str!("queries/get_dispatch.sql"))
             .bind(run)
             .bind(session_key)
             .bind(idempotency_key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|err| translate(err, Uuid::nil()))
+            .fetch_optional(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        result.map_err(|err| translate(err, Uuid::nil()))
     }
 
     /// Stores the outcome of the dispatch `run_handle` unless one is stored already, and returns
@@ -281,14 +295,18 @@ impl Store {
         text: &str,
         error: Option<&str>,
     ) -> Result<Dispatch, MemoryError> {
-        sqlx::query(include_str!("queries/complete_dispatch.sql"))
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query(include_str!("queries/complete_dispatch.sql"))
             .bind(run_handle)
             .bind(status)
             .bind(text)
             .bind(error)
-            .execute(&self.pool)
-            .await
-            .map_err(|err| translate(err, Uuid::nil()))?;
+            .execute(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        // Given back first, so the read below finds it held rather than taking a second one.
+        drop(conn);
+        result.map_err(|err| translate(err, Uuid::nil()))?;
         self.get_dispatch(&DispatchLookup::Run(run_handle))
             .await?
             .ok_or_else(|| {

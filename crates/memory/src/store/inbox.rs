@@ -274,9 +274,11 @@ impl Store {
         epoch: i64,
         owner: &str,
     ) -> Result<Option<Taken>, MemoryError> {
-        let row = take_on(&self.pool, session_id, epoch, owner)
-            .await
-            .map_err(|err| translate(err, session_id))?;
+        let mut conn = self.conn(session_id).await?;
+        let taken = take_on(&mut *conn, session_id, epoch, owner).await;
+        conn.keep_after(&taken);
+        drop(conn);
+        let row = taken.map_err(|err| translate(err, session_id))?;
         if !row.held {
             return Err(self.lease_failure(session_id, epoch).await);
         }

@@ -8,6 +8,7 @@ pub(crate) mod cooldowns;
 pub(crate) mod error;
 mod finish;
 mod gateway;
+mod held;
 mod inbox;
 mod queued;
 mod run_path;
@@ -33,7 +34,8 @@ pub use sessions::Claim;
 /// The memory store over a Postgres pool. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: PgPool,
+    /// The shared pool, for every call but the run path's batches.
+    shared: Arc<held::Held>,
     run_path: Arc<run_path::RunPath>,
     /// When this replica next sweeps expired dispatch records (`None`: at the next dispatch).
     next_dispatch_sweep: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
@@ -50,8 +52,12 @@ impl Store {
     /// their own, one per lane, opened with the pool's options.
     pub fn with_batching(pool: PgPool, settings: BatchSettings, counters: &BatchCounters) -> Self {
         let run_path = run_path::RunPath::new(&pool, settings, counters);
+        // Half the pool at most is held idle, so callers of `pool()` always find room in it.
+        let keep = usize::try_from(pool.options().get_max_connections() / 2)
+            .unwrap_or(1)
+            .max(1);
         Self {
-            pool,
+            shared: Arc::new(held::Held::new(pool, keep)),
             run_path: Arc::new(run_path),
             next_dispatch_sweep: Arc::default(),
         }
@@ -60,7 +66,8 @@ impl Store {
     /// Closes the pools: waits for connections in use to come back, then closes them all.
     pub async fn close(&self) {
         self.run_path.close().await;
-        self.pool.close().await;
+        self.shared.release();
+        self.shared.pool().close().await;
     }
 
     /// Makes every write committed before the call durable (a server may run with
@@ -72,19 +79,30 @@ impl Store {
     pub async fn flush(&self, rows: &[(i64, String)]) -> Result<Vec<(i64, String)>, MemoryError> {
         let (seqs, keys): (Vec<i64>, Vec<&str>) =
             rows.iter().map(|(seq, key)| (*seq, key.as_str())).unzip();
-        sqlx::query_as::<_, (i64, String)>(
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, (i64, String)>(
             "SELECT seq, idempotency_key FROM agentloop_flush($1, $2)",
         )
         .bind(seqs)
         .bind(keys)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|err| error::translate(err, Uuid::nil()))
+        .fetch_all(&mut *conn)
+        .await;
+        conn.keep_after(&result);
+        result.map_err(|err| error::translate(err, Uuid::nil()))
     }
 
     /// Returns the underlying pool.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.shared.pool()
+    }
+
+    /// A connection of the shared pool, held between calls rather than given back (and pinged)
+    /// after each.
+    async fn conn(&self, session_id: Uuid) -> Result<held::HeldConn<'_>, MemoryError> {
+        self.shared
+            .acquire()
+            .await
+            .map_err(|err| error::translate(err, session_id))
     }
 
     /// Runs a trivial query to learn whether Postgres answers.
@@ -93,7 +111,7 @@ impl Store {
     /// [`MemoryError::Unavailable`] when it does not.
     pub async fn ping(&self) -> Result<(), MemoryError> {
         sqlx::query("SELECT 1")
-            .execute(&self.pool)
+            .execute(self.shared.pool())
             .await
             .map(|_| ())
             .map_err(|err| error::translate(err, Uuid::nil()))
@@ -103,10 +121,15 @@ impl Store {
     /// no longer holds its lease. Only runs on that (rare) failure path, to keep the fenced
     /// statements themselves lean.
     async fn lease_failure(&self, session_id: Uuid, epoch: i64) -> MemoryError {
+        let mut conn = match self.conn(session_id).await {
+            Ok(conn) => conn,
+            Err(err) => return err,
+        };
         let exists = sqlx::query_scalar::<_, bool>(include_str!("queries/session_exists.sql"))
             .bind(session_id)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *conn)
             .await;
+        conn.keep_after(&exists);
         match exists {
             Ok(true) => MemoryError::LeaseLost { session_id, epoch },
             Ok(false) => MemoryError::SessionNotFound(session_id),

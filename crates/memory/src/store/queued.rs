@@ -27,14 +27,16 @@ impl Store {
         run_id: Uuid,
         kinds: &[String],
     ) -> Result<Vec<InboxItem>, MemoryError> {
-        let rows = sqlx::query_as::<_, QueuedRow>(include_str!("queries/take_queued.sql"))
+        let mut conn = self.conn(session_id).await?;
+        let result = sqlx::query_as::<_, QueuedRow>(include_str!("queries/take_queued.sql"))
             .bind(session_id)
             .bind(epoch)
             .bind(run_id)
             .bind(kinds)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|err| translate(err, session_id))?;
+            .fetch_all(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        let rows = result.map_err(|err| translate(err, session_id))?;
         if !rows.first().is_some_and(|row| row.held) {
             return Err(self.lease_failure(session_id, epoch).await);
         }

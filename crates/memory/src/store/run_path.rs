@@ -2,14 +2,14 @@
 //! at once they go to Postgres as one statement (`agentloop_run_path`), one round trip and one
 //! commit, run ends first.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPoolOptions, PgRow};
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool};
 
 use super::batch::{self, BatchCounters, BatchSettings, Batcher};
 use super::finish::{self, FinishArgs, FinishRow, IndexedFinishRow};
+use super::held::Held;
 use super::inbox::{self, EnqueueArgs, EnqueueRow, IndexedEnqueueRow};
 use crate::MemoryError;
 
@@ -49,10 +49,7 @@ impl RunPath {
             .test_before_acquire(shared.options().get_test_before_acquire())
             .connect_lazy_with((*shared.connect_options()).clone());
         let batch_counters = counters.clone();
-        let connections = Arc::new(LaneConnections {
-            pool,
-            held: Mutex::new(Held::default()),
-        });
+        let connections = Arc::new(LaneConnections(Held::new(pool, settings.lanes.max(1))));
         let lanes = connections.clone();
         Self {
             batcher: Batcher::new(
@@ -70,8 +67,8 @@ impl RunPath {
     /// Closes the lanes' connections: those held at once, each one still in a batch once that
     /// batch is over.
     pub(crate) async fn close(&self) {
-        self.connections.release();
-        self.connections.pool.close().await;
+        self.connections.0.release();
+        self.connections.0.pool().close().await;
     }
 
     /// Runs one enqueue (as `agentloop_enqueue` answers it) in the next batch.
@@ -96,20 +93,9 @@ fn mismatch() -> MemoryError {
     MemoryError::Internal("a run-path call was answered for a call of the other kind".to_owned())
 }
 
-/// The lanes' connections, held from one batch to the next. A connection given back to a
-/// sqlx pool is pinged (a Sync and its answer, in a task of its own) on every return: one more
-/// round trip to Postgres, and one more Postgres wakeup, per batch, that a held one is spared.
+/// The lanes' connections, held from one batch to the next (see [`Held`]).
 #[derive(Debug)]
-struct LaneConnections {
-    pool: PgPool,
-    held: Mutex<Held>,
-}
-
-#[derive(Debug, Default)]
-struct Held {
-    idle: Vec<PoolConnection<Postgres>>,
-    released: bool,
-}
+struct LaneConnections(Held);
 
 impl LaneConnections {
     /// Runs a batch on a held connection (or one from the pool), then keeps the connection
@@ -119,38 +105,20 @@ impl LaneConnections {
         calls: Vec<Call>,
         counters: &BatchCounters,
     ) -> Vec<Result<Answer, MemoryError>> {
-        let held = self.held.lock().ok().and_then(|mut held| held.idle.pop());
-        let mut conn = match held {
-            Some(conn) => conn,
-            None => match self.pool.acquire().await {
-                Ok(conn) => conn,
-                Err(err) => return batch::unavailable(calls.len(), &err),
-            },
+        let mut conn = match self.0.acquire().await {
+            Ok(conn) => conn,
+            Err(err) => return batch::unavailable(calls.len(), &err),
         };
         let results = execute(&mut conn, calls, counters).await;
         // Postgres refusing a call leaves the connection as good as before; anything else
-        // (an I/O error, an answer that could not be read) sends it back to the pool, whose
-        // ping on return closes it if it is broken.
-        let suspect = results.iter().any(|result| {
+        // (an I/O error, an answer that could not be read) may have broken it.
+        conn.keep_if(!results.iter().any(|result| {
             matches!(
                 result,
                 Err(MemoryError::Unavailable(_) | MemoryError::Internal(_))
             )
-        });
-        if !suspect
-            && let Ok(mut held) = self.held.lock()
-            && !held.released
-        {
-            held.idle.push(conn);
-        }
+        }));
         results
-    }
-
-    fn release(&self) {
-        if let Ok(mut held) = self.held.lock() {
-            held.released = true;
-            held.idle.clear();
-        }
     }
 }
 

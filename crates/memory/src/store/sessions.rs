@@ -30,23 +30,27 @@ impl Store {
         agent_id: &str,
         channel: Option<&str>,
     ) -> Result<Session, MemoryError> {
-        let found = sqlx::query_as::<_, Session>(include_str!("queries/resolve_session.sql"))
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, Session>(include_str!("queries/resolve_session.sql"))
             .bind(key)
             .bind(Uuid::now_v7())
             .bind(agent_id)
             .bind(channel)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|err| translate(err, Uuid::nil()))?;
+            .fetch_optional(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        let found = result.map_err(|err| translate(err, Uuid::nil()))?;
         if let Some(session) = found {
             return Ok(session);
         }
         // Lost a first-sight race: the winner's row is committed by now.
-        sqlx::query_as::<_, Session>(include_str!("queries/session_by_key.sql"))
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, Session>(include_str!("queries/session_by_key.sql"))
             .bind(key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|err| translate(err, Uuid::nil()))
+            .fetch_one(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        result.map_err(|err| translate(err, Uuid::nil()))
     }
 
     /// Takes the session's lease for `owner` when it is free or expired.
@@ -62,12 +66,15 @@ impl Store {
         owner: &str,
         ttl: Duration,
     ) -> Result<Claim, MemoryError> {
-        sqlx::query_as::<_, Claim>(include_str!("queries/claim_session.sql"))
+        let mut conn = self.conn(session_id).await?;
+        let result = sqlx::query_as::<_, Claim>(include_str!("queries/claim_session.sql"))
             .bind(session_id)
             .bind(owner)
             .bind(millis(ttl))
-            .fetch_optional(&self.pool)
-            .await
+            .fetch_optional(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        result
             .map_err(|err| translate(err, session_id))?
             .ok_or(MemoryError::SessionNotFound(session_id))
     }
@@ -82,13 +89,15 @@ impl Store {
         epoch: i64,
         ttl: Duration,
     ) -> Result<bool, MemoryError> {
-        let done = sqlx::query(include_str!("queries/renew_lease.sql"))
+        let mut conn = self.conn(session_id).await?;
+        let result = sqlx::query(include_str!("queries/renew_lease.sql"))
             .bind(session_id)
             .bind(epoch)
             .bind(millis(ttl))
-            .execute(&self.pool)
-            .await
-            .map_err(|err| translate(err, session_id))?;
+            .execute(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        let done = result.map_err(|err| translate(err, session_id))?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -98,12 +107,14 @@ impl Store {
     /// # Errors
     /// A database error.
     pub async fn release_session(&self, session_id: Uuid, epoch: i64) -> Result<bool, MemoryError> {
-        sqlx::query_scalar::<_, bool>(include_str!("queries/release_session.sql"))
+        let mut conn = self.conn(session_id).await?;
+        let result = sqlx::query_scalar::<_, bool>(include_str!("queries/release_session.sql"))
             .bind(session_id)
             .bind(epoch)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|err| translate(err, session_id))
+            .fetch_one(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        result.map_err(|err| translate(err, session_id))
     }
 
     /// Returns up to `limit` sessions with pending inputs whose lease is free or expired,
@@ -112,11 +123,13 @@ impl Store {
     /// # Errors
     /// A database error.
     pub async fn list_claimable(&self, limit: u32) -> Result<Vec<Uuid>, MemoryError> {
-        sqlx::query_scalar::<_, Uuid>(include_str!("queries/list_claimable.sql"))
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_scalar::<_, Uuid>(include_str!("queries/list_claimable.sql"))
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|err| translate(err, Uuid::nil()))
+            .fetch_all(&mut *conn)
+            .await;
+        conn.keep_after(&result);
+        result.map_err(|err| translate(err, Uuid::nil()))
     }
 }
 

@@ -74,12 +74,17 @@ impl Store {
         session_id: Uuid,
         ask: super::HistoryAsk,
     ) -> Result<(bool, Vec<Entry>), MemoryError> {
-        sqlx::query_as::<_, super::inbox::HistoryWindow>(include_str!("queries/history_window.sql"))
-            .bind(session_id)
-            .bind(i64::from(ask.limit))
-            .bind(ask.after_seq)
-            .fetch_one(&self.pool)
-            .await
+        let mut conn = self.conn(session_id).await?;
+        let result = sqlx::query_as::<_, super::inbox::HistoryWindow>(include_str!(
+            "queries/history_window.sql"
+        ))
+        .bind(session_id)
+        .bind(i64::from(ask.limit))
+        .bind(ask.after_seq)
+        .fetch_one(&mut *conn)
+        .await;
+        conn.keep_after(&result);
+        result
             .map(super::inbox::HistoryWindow::into_entries)
             .map_err(|err| translate(err, session_id))
     }
@@ -96,9 +101,11 @@ impl Store {
         epoch: i64,
         entries: &[NewEntry],
     ) -> Result<u32, MemoryError> {
-        let result = append_on(&self.pool, session_id, epoch, entries)
-            .await
-            .map_err(|err| translate(err, session_id))?;
+        let mut conn = self.conn(session_id).await?;
+        let appended = append_on(&mut *conn, session_id, epoch, entries).await;
+        conn.keep_after(&appended);
+        drop(conn);
+        let result = appended.map_err(|err| translate(err, session_id))?;
         if !result.held {
             return Err(self.lease_failure(session_id, epoch).await);
         }
