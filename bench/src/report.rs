@@ -603,7 +603,7 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| protocol | sessions at once | sent | ok | wrong / lost | msg/s | to first delta p50 / p99 ms | to final answer p50 / p90 / p99 / max ms | persisted runs | stack CPU-ms/msg | of which gateway |"
+            "| protocol | sessions at once | sent | ok | wrong / lost | msg/s | to first delta p50 / p99 ms | to final answer p50 / p90 / p99 / max ms | persisted runs | stack CPU-ms/msg | of which gateway / memory / postgres |"
         );
         let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
         for p in rows {
@@ -621,7 +621,7 @@ impl Report {
             };
             let _ = writeln!(
                 s,
-                "| {what} | {} | {} | {} | {} / {} | {:.0} | {first} | {:.2} / {:.2} / {:.2} / {:.2} | {} | {:.2} | {:.2} |",
+                "| {what} | {} | {} | {} | {} / {} | {:.0} | {first} | {:.2} / {:.2} / {:.2} / {:.2} | {} | {:.2} | {:.2} / {:.2} / {:.2} |",
                 p.concurrency,
                 p.sent,
                 p.ok,
@@ -634,7 +634,9 @@ impl Report {
                 t.max,
                 p.persisted.unwrap_or(-1),
                 p.cpu_ms_per_run(&STACK_GROUPS, self.tck),
-                p.cpu_ms_per_run(&["gateway"], self.tck)
+                p.cpu_ms_per_run(&["gateway"], self.tck),
+                p.cpu_ms_per_run(&["memory"], self.tck),
+                p.cpu_ms_per_run(&["postgres"], self.tck)
             );
         }
         s.push('\n');
