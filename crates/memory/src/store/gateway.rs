@@ -318,3 +318,63 @@ impl Store {
 fn unknown_key(key: &str) -> MemoryError {
     MemoryError::InvalidArgument(format!("no session with key {key:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::PgPool;
+    use uuid::Uuid;
+
+    use crate::store::Store;
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn a_completion_is_stored_once_and_its_async_commit_stays_in_its_transaction(
+        pool: PgPool,
+    ) {
+        let store = Store::new(pool);
+        let session = store
+            .resolve_session("cli:complete", "main", Some("cli"))
+            .await
+            .unwrap();
+        let handle = Uuid::now_v7();
+        let (created, _) = store
+            .begin_dispatch(
+                "cli:complete",
+                "key-1",
+                handle,
+                session.id,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert!(created);
+
+        let done = store
+            .complete_dispatch(handle, "ok", "first", None)
+            .await
+            .unwrap();
+        assert_eq!(
+            (done.status.as_str(), done.text.as_deref()),
+            ("ok", Some("first"))
+        );
+        let again = store
+            .complete_dispatch(handle, "error", "second", Some("late"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (again.status.as_str(), again.text.as_deref()),
+            ("ok", Some("first")),
+            "a later completion changes nothing"
+        );
+
+        // The completion ran on the connection the store holds; the next call on it must
+        // commit synchronously again.
+        let mut conn = store.conn(Uuid::nil()).await.unwrap();
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(setting, "on");
+    }
+}
