@@ -35,8 +35,8 @@ impl Store {
         .bind(provider)
         .fetch_all(&mut *conn)
         .await;
-        conn.keep_after(&result);
-        result.map_err(|err| translate(err, uuid::Uuid::nil()))
+        conn.settle(result)
+            .map_err(|err| translate(err, uuid::Uuid::nil()))
     }
 
     /// Counts a failure and starts a cooldown of `base_ms * 2^(failures - 1)`, at most `max_ms`.
@@ -68,8 +68,8 @@ impl Store {
         .bind(max_ms.max(1))
         .fetch_one(&mut *conn)
         .await;
-        conn.keep_after(&result);
-        result.map_err(|err| translate(err, uuid::Uuid::nil()))
+        conn.settle(result)
+            .map_err(|err| translate(err, uuid::Uuid::nil()))
     }
 
     /// Forgets a profile's failures after a successful call.
@@ -88,8 +88,8 @@ impl Store {
                 .bind(profile)
                 .execute(&mut *conn)
                 .await;
-        conn.keep_after(&result);
-        result.map_err(|err| translate(err, uuid::Uuid::nil()))?;
+        conn.settle(result)
+            .map_err(|err| translate(err, uuid::Uuid::nil()))?;
         Ok(())
     }
 }

@@ -116,8 +116,8 @@ impl Store {
             .bind(agent_id)
             .fetch_all(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        result.map_err(|err| translate(err, Uuid::nil()))
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
     }
 
     /// Clears the transcript of the session keyed `key`; its id and settings stay.
@@ -130,8 +130,7 @@ impl Store {
             .bind(key)
             .fetch_optional(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        result
+        conn.settle(result)
             .map_err(|err| translate(err, Uuid::nil()))?
             .ok_or_else(|| unknown_key(key))
     }
@@ -156,8 +155,7 @@ impl Store {
             .bind(patch.thinking_level.as_deref().unwrap_or_default())
             .fetch_optional(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        result
+        conn.settle(result)
             .map_err(|err| translate(err, Uuid::nil()))?
             .ok_or_else(|| unknown_key(key))
     }
@@ -184,8 +182,9 @@ impl Store {
             let result = sqlx::query(include_str!("queries/sweep_dispatches.sql"))
                 .execute(&mut *conn)
                 .await;
-            conn.keep_after(&result);
-            let swept = result.map_err(|err| translate(err, session_id))?;
+            let swept = conn
+                .settle(result)
+                .map_err(|err| translate(err, session_id))?;
             if swept.rows_affected() >= SWEEP_BATCH {
                 self.dispatch_sweep_again();
             }
@@ -202,8 +201,9 @@ impl Store {
         .bind(ttl_ms as f64)
         .fetch_optional(&mut *conn)
         .await;
-        conn.keep_after(&result);
-        let inserted = result.map_err(|err| translate(err, session_id))?;
+        let inserted = conn
+            .settle(result)
+            .map_err(|err| translate(err, session_id))?;
         if let Some((created_at, expires_at)) = inserted {
             // Answered from what was written, without reading it back; the run fields stay
             // empty (the caller sends the message next and follows the run from there).
@@ -279,8 +279,8 @@ impl Store {
             .bind(idempotency_key)
             .fetch_optional(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        result.map_err(|err| translate(err, Uuid::nil()))
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
     }
 
     /// Stores the outcome of the dispatch `run_handle` unless one is stored already, and returns
@@ -303,10 +303,8 @@ impl Store {
             .bind(error)
             .execute(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        // Given back first, so the read below finds it held rather than taking a second one.
-        drop(conn);
-        result.map_err(|err| translate(err, Uuid::nil()))?;
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?;
         self.get_dispatch(&DispatchLookup::Run(run_handle))
             .await?
             .ok_or_else(|| {

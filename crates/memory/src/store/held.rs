@@ -86,6 +86,13 @@ impl HeldConn<'_> {
             Ok(_) | Err(sqlx::Error::Database(_) | sqlx::Error::RowNotFound)
         ));
     }
+
+    /// Gives the connection back, held or to the pool as [`Self::keep_after`] judges
+    /// `result`, and returns `result`.
+    pub(crate) fn settle<T>(mut self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        self.keep_after(&result);
+        result
+    }
 }
 
 impl Deref for HeldConn<'_> {

@@ -276,9 +276,9 @@ impl Store {
     ) -> Result<Option<Taken>, MemoryError> {
         let mut conn = self.conn(session_id).await?;
         let taken = take_on(&mut *conn, session_id, epoch, owner).await;
-        conn.keep_after(&taken);
-        drop(conn);
-        let row = taken.map_err(|err| translate(err, session_id))?;
+        let row = conn
+            .settle(taken)
+            .map_err(|err| translate(err, session_id))?;
         if !row.held {
             return Err(self.lease_failure(session_id, epoch).await);
         }

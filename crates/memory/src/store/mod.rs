@@ -87,8 +87,8 @@ impl Store {
         .bind(keys)
         .fetch_all(&mut *conn)
         .await;
-        conn.keep_after(&result);
-        result.map_err(|err| error::translate(err, Uuid::nil()))
+        conn.settle(result)
+            .map_err(|err| error::translate(err, Uuid::nil()))
     }
 
     /// Returns the underlying pool.
@@ -129,8 +129,7 @@ impl Store {
             .bind(session_id)
             .fetch_one(&mut *conn)
             .await;
-        conn.keep_after(&exists);
-        match exists {
+        match conn.settle(exists) {
             Ok(true) => MemoryError::LeaseLost { session_id, epoch },
             Ok(false) => MemoryError::SessionNotFound(session_id),
             Err(err) => error::translate(err, session_id),

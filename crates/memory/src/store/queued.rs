@@ -35,8 +35,9 @@ impl Store {
             .bind(kinds)
             .fetch_all(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        let rows = result.map_err(|err| translate(err, session_id))?;
+        let rows = conn
+            .settle(result)
+            .map_err(|err| translate(err, session_id))?;
         if !rows.first().is_some_and(|row| row.held) {
             return Err(self.lease_failure(session_id, epoch).await);
         }

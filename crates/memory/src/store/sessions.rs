@@ -38,8 +38,9 @@ impl Store {
             .bind(channel)
             .fetch_optional(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        let found = result.map_err(|err| translate(err, Uuid::nil()))?;
+        let found = conn
+            .settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?;
         if let Some(session) = found {
             return Ok(session);
         }
@@ -49,8 +50,8 @@ impl Store {
             .bind(key)
             .fetch_one(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        result.map_err(|err| translate(err, Uuid::nil()))
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
     }
 
     /// Takes the session's lease for `owner` when it is free or expired.
@@ -73,8 +74,7 @@ impl Store {
             .bind(millis(ttl))
             .fetch_optional(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        result
+        conn.settle(result)
             .map_err(|err| translate(err, session_id))?
             .ok_or(MemoryError::SessionNotFound(session_id))
     }
@@ -96,8 +96,9 @@ impl Store {
             .bind(millis(ttl))
             .execute(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        let done = result.map_err(|err| translate(err, session_id))?;
+        let done = conn
+            .settle(result)
+            .map_err(|err| translate(err, session_id))?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -113,8 +114,8 @@ impl Store {
             .bind(epoch)
             .fetch_one(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        result.map_err(|err| translate(err, session_id))
+        conn.settle(result)
+            .map_err(|err| translate(err, session_id))
     }
 
     /// Returns up to `limit` sessions with pending inputs whose lease is free or expired,
@@ -128,8 +129,8 @@ impl Store {
             .bind(i64::from(limit))
             .fetch_all(&mut *conn)
             .await;
-        conn.keep_after(&result);
-        result.map_err(|err| translate(err, Uuid::nil()))
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
     }
 }
 

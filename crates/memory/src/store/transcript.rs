@@ -83,8 +83,7 @@ impl Store {
         .bind(ask.after_seq)
         .fetch_one(&mut *conn)
         .await;
-        conn.keep_after(&result);
-        result
+        conn.settle(result)
             .map(super::inbox::HistoryWindow::into_entries)
             .map_err(|err| translate(err, session_id))
     }
@@ -103,9 +102,9 @@ impl Store {
     ) -> Result<u32, MemoryError> {
         let mut conn = self.conn(session_id).await?;
         let appended = append_on(&mut *conn, session_id, epoch, entries).await;
-        conn.keep_after(&appended);
-        drop(conn);
-        let result = appended.map_err(|err| translate(err, session_id))?;
+        let result = conn
+            .settle(appended)
+            .map_err(|err| translate(err, session_id))?;
         if !result.held {
             return Err(self.lease_failure(session_id, epoch).await);
         }
