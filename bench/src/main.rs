@@ -272,7 +272,7 @@ async fn soak(
     step("warm-up");
     phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
     step(&format!("soak: {sessions} sessions × {per} messages"));
-    let owners_before = runner_owners(stack).await;
+    let owners_before = runner_owners(stack, runners).await;
     let p = phases::run(
         stack,
         &client,
@@ -281,11 +281,14 @@ async fn soak(
         1,
     )
     .await?;
-    let owners = runner_owners(stack)
+    let owners = runner_owners(stack, runners)
         .await
         .zip(owners_before)
         .map_or("runner: counters not read".to_owned(), |(after, before)| {
-            let (runs, claims) = (after.0 - before.0, after.1 - before.1);
+            let (runs, claims) = (
+                after.0.saturating_sub(before.0),
+                after.1.saturating_sub(before.1),
+            );
             format!(
                 "runner: {runs} runs completed, {claims} session claims ({} runs taken by an owner that already held its session)",
                 runs.saturating_sub(claims)
@@ -311,14 +314,22 @@ async fn soak(
     ))
 }
 
-/// The runner's completed runs and session claims so far.
-async fn runner_owners(stack: &Stack) -> Option<(u64, u64)> {
-    let runs = stack
-        .metric("runner", "agentloop_runner_runs_completed_total")
-        .await?;
-    let claims = stack
-        .metric("runner", "agentloop_runner_session_claims_total")
-        .await?;
+/// Completed runs and session claims so far, summed over the runner processes.
+async fn runner_owners(stack: &Stack, runners: usize) -> Option<(u64, u64)> {
+    let (mut runs, mut claims) = (0, 0);
+    for n in 1..=runners {
+        let name = if n == 1 {
+            "runner".to_owned()
+        } else {
+            format!("runner-{n}")
+        };
+        runs += stack
+            .metric(&name, "agentloop_runner_runs_completed_total")
+            .await?;
+        claims += stack
+            .metric(&name, "agentloop_runner_session_claims_total")
+            .await?;
+    }
     Some((runs, claims))
 }
 
