@@ -366,6 +366,32 @@ mod tests {
             "a later completion changes nothing"
         );
 
+        // The statement turns synchronous commit off for its own transaction: a copy of it
+        // that also reports the setting says so.
+        let handle2 = Uuid::now_v7();
+        store
+            .begin_dispatch(
+                "cli:complete",
+                "key-2",
+                handle2,
+                session.id,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let reported: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "{} RETURNING current_setting('synchronous_commit')",
+            include_str!("queries/complete_dispatch.sql").trim_end()
+        )))
+        .bind(handle2)
+        .bind("ok")
+        .bind("")
+        .bind(None::<&str>)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(reported, "off");
+
         // The completion ran on the connection the store holds; the next call on it must
         // commit synchronously again.
         let mut conn = store.conn(Uuid::nil()).await.unwrap();

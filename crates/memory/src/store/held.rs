@@ -4,9 +4,16 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgDatabaseError, PgSeverity};
 use sqlx::{PgConnection, PgPool, Postgres};
+
+/// A connection idle in [`Held`] longer than this goes back to the pool at its next turn, where
+/// it is pinged and the pool's own lifetime limits apply to it.
+const IDLE_LIMIT: Duration = Duration::from_secs(60);
 
 /// A pool and the connections taken from it that are kept idle between calls.
 #[derive(Debug)]
@@ -16,11 +23,15 @@ pub(crate) struct Held {
     /// used directly needs this below its size, so those callers always find room in it.
     keep: usize,
     idle: Mutex<Idle>,
+    /// Calls waiting for a connection from the pool. While any wait, a connection whose call
+    /// ends goes to the pool, which serves them in turn, rather than to newer calls.
+    waiting: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
 struct Idle {
-    conns: Vec<PoolConnection<Postgres>>,
+    /// Connections and when each was last given back, most recent last.
+    conns: Vec<(Instant, PoolConnection<Postgres>)>,
     closed: bool,
 }
 
@@ -31,6 +42,7 @@ impl Held {
             pool,
             keep,
             idle: Mutex::default(),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -42,10 +54,22 @@ impl Held {
     /// A held connection, or one from the pool when none is idle. It goes back to the pool
     /// (pinged there, closed if broken) unless [`HeldConn::keep_if`] says it is sound.
     pub(crate) async fn acquire(&self) -> Result<HeldConn<'_>, sqlx::Error> {
-        let idle = self.idle.lock().ok().and_then(|mut idle| idle.conns.pop());
+        let idle = self.idle.lock().ok().and_then(|mut idle| {
+            // The most recently used is the warmest; those idle too long go back to the pool.
+            let fresh = idle
+                .conns
+                .iter()
+                .position(|(since, _)| since.elapsed() < IDLE_LIMIT)
+                .unwrap_or(idle.conns.len());
+            drop(idle.conns.drain(..fresh));
+            idle.conns.pop().map(|(_, conn)| conn)
+        });
         let conn = match idle {
             Some(conn) => conn,
-            None => self.pool.acquire().await?,
+            None => {
+                let _waiting = Waiting::new(&self.waiting);
+                self.pool.acquire().await?
+            }
         };
         Ok(HeldConn {
             conn: Some(conn),
@@ -79,12 +103,19 @@ impl HeldConn<'_> {
         self.sound = sound;
     }
 
-    /// [`Self::keep_if`] from the result of a statement run on it.
+    /// [`Self::keep_if`] from the result of a statement run on it: sound when answered, or
+    /// refused by Postgres short of ending the session (a FATAL error, such as an
+    /// administrator's termination, closes the connection on the server's side).
     pub(crate) fn keep_after<T>(&mut self, result: &Result<T, sqlx::Error>) {
-        self.keep_if(matches!(
-            result,
-            Ok(_) | Err(sqlx::Error::Database(_) | sqlx::Error::RowNotFound)
-        ));
+        self.keep_if(match result {
+            Ok(_) | Err(sqlx::Error::RowNotFound) => true,
+            Err(sqlx::Error::Database(err)) => err
+                .try_downcast_ref::<PgDatabaseError>()
+                .is_some_and(|err| {
+                    !matches!(err.severity(), PgSeverity::Fatal | PgSeverity::Panic)
+                }),
+            Err(_) => false,
+        });
     }
 
     /// Gives the connection back, held or to the pool as [`Self::keep_after`] judges
@@ -117,12 +148,31 @@ impl Drop for HeldConn<'_> {
         if !self.sound {
             return;
         }
+        if self.home.waiting.load(Ordering::Acquire) > 0 {
+            return;
+        }
         if let Ok(mut idle) = self.home.idle.lock()
             && !idle.closed
             && idle.conns.len() < self.home.keep
         {
-            idle.conns.push(conn);
+            idle.conns.push((Instant::now(), conn));
         }
+    }
+}
+
+/// Counts a call as waiting for the pool until dropped (also when its wait is cancelled).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -185,5 +235,57 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(10), pool.close())
             .await
             .expect("every connection went back to the pool, so it closes");
+    }
+
+    #[sqlx::test(migrations = false)]
+    async fn a_connection_the_server_ended_is_not_held(pool: PgPool) {
+        let held = Held::new(pool, 1);
+        let mut conn = held.acquire().await.unwrap();
+        let ended: Result<bool, sqlx::Error> =
+            sqlx::query_scalar("SELECT pg_terminate_backend(pg_backend_pid())")
+                .fetch_one(&mut *conn)
+                .await;
+        assert!(ended.is_err(), "the server ends the session: {ended:?}");
+        conn.keep_after(&ended);
+        drop(conn);
+        assert_eq!(held_idle(&held), 0);
+    }
+
+    #[sqlx::test(migrations = false)]
+    async fn a_caller_waiting_for_the_pool_gets_the_next_connection_given_back(pool: PgPool) {
+        let one = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect_with((*pool.connect_options()).clone())
+            .await
+            .unwrap();
+        let held = std::sync::Arc::new(Held::new(one, 1));
+        let mut first = held.acquire().await.unwrap();
+        backend(&mut first).await;
+        let waiter = tokio::spawn({
+            let held = held.clone();
+            async move {
+                let started = std::time::Instant::now();
+                let mut conn = held.acquire().await.expect("a connection");
+                backend(&mut conn).await;
+                started.elapsed()
+            }
+        });
+        // Let the second caller reach the pool's queue, then end the first call soundly.
+        while held.waiting.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        first.keep_if(true);
+        drop(first);
+        let waited = waiter.await.unwrap();
+        assert!(
+            waited < std::time::Duration::from_secs(4),
+            "the waiting caller was served, not left to time out ({waited:?})"
+        );
+        assert_eq!(
+            held_idle(&held),
+            0,
+            "nothing was held while a caller waited"
+        );
     }
 }

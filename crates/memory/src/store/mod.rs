@@ -52,10 +52,9 @@ impl Store {
     /// their own, one per lane, opened with the pool's options.
     pub fn with_batching(pool: PgPool, settings: BatchSettings, counters: &BatchCounters) -> Self {
         let run_path = run_path::RunPath::new(&pool, settings, counters);
-        // Half the pool at most is held idle, so callers of `pool()` always find room in it.
-        let keep = usize::try_from(pool.options().get_max_connections() / 2)
-            .unwrap_or(1)
-            .max(1);
+        // Half the pool at most is held idle (none of a pool of one), so callers of `pool()`
+        // always find room in it.
+        let keep = usize::try_from(pool.options().get_max_connections() / 2).unwrap_or(0);
         Self {
             shared: Arc::new(held::Held::new(pool, keep)),
             run_path: Arc::new(run_path),
