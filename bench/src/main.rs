@@ -49,11 +49,14 @@ struct Options {
     soak_sessions: usize,
     /// `--runners R` with `--soak`: runner processes (default 1).
     soak_runners: usize,
+    /// `--trace` with `--soak`: every hop of the soak's runs recorded and printed as a table
+    /// (where the time goes under that load; the tracing itself costs the bench some CPU).
+    soak_trace: bool,
 }
 
 const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R]]";
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]]";
 
 fn parse_args() -> anyhow::Result<Options> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -79,6 +82,7 @@ fn parse_args() -> anyhow::Result<Options> {
         soak: None,
         soak_sessions: 100,
         soak_runners: 1,
+        soak_trace: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -104,6 +108,7 @@ fn parse_args() -> anyhow::Result<Options> {
             "--runners" => {
                 options.soak_runners = value()?.parse().context("--runners needs a count")?;
             }
+            "--trace" => options.soak_trace = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -137,7 +142,7 @@ async fn main() -> anyhow::Result<()> {
             if options.openclaw {
                 side_by_side(&mut stack, &options, &run_dir).await.map(|s| Output::SideBySide(Box::new(s)))
             } else if let Some(per) = options.soak {
-                soak(&mut stack, options.soak_sessions, options.soak_runners, per).await.map(Output::Soak)
+                soak(&mut stack, &options, per).await.map(Output::Soak)
             } else {
                 bench(&mut stack, &options).await.map(|r| Output::Report(Box::new(r)))
             }
@@ -252,12 +257,8 @@ async fn watched(
 }
 
 /// `--soak`: the warm-up, then `sessions` sessions × `per` messages, summarized in one line.
-async fn soak(
-    stack: &mut Stack,
-    sessions: usize,
-    runners: usize,
-    per: usize,
-) -> anyhow::Result<String> {
+async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Result<String> {
+    let (sessions, runners) = (options.soak_sessions, options.soak_runners);
     stack.start().await?;
     for n in 2..=runners {
         stack.add_runner(&format!("runner-{n}")).await?;
@@ -273,14 +274,22 @@ async fn soak(
     phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
     step(&format!("soak: {sessions} sessions × {per} messages"));
     let owners_before = runner_owners(stack, runners).await;
-    let p = phases::run(
-        stack,
-        &client,
-        &pool,
-        &load("soak", sessions, sessions, per, limit),
-        1,
-    )
-    .await?;
+    let soak_load = load("soak", sessions, sessions, per, limit);
+    let p = if options.soak_trace {
+        watched(stack, &client, &pool, &soak_load, true).await?
+    } else {
+        phases::run(stack, &client, &pool, &soak_load, 1).await?
+    };
+    let hops = if options.soak_trace {
+        let rows = phases::hop_rows(&pool, "soak", client.take_traces()).await?;
+        format!(
+            "\nwhere the time goes ({} runs traced):\n{}",
+            rows.len(),
+            report::hop_table(&rows)
+        )
+    } else {
+        String::new()
+    };
     let owners = runner_owners(stack, runners)
         .await
         .zip(owners_before)
@@ -307,7 +316,7 @@ async fn soak(
         })
         .collect();
     Ok(format!(
-        "{}\nCPU-ms/run by process: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}",
+        "{}\nCPU-ms/run by process: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}{hops}",
         summary_line(&p, tck),
         by_process.join(", "),
         calls as f64 / batches.max(1) as f64

@@ -235,12 +235,7 @@ impl Report {
     }
 
     fn hop_summary(&self) -> Vec<(String, String, Pct)> {
-        HOPS.iter()
-            .map(|(name, covers, f)| {
-                let v: Vec<f64> = self.hops.iter().filter_map(f).collect();
-                (name.to_string(), covers.to_string(), pct_ms(&v))
-            })
-            .collect()
+        hop_summary(&self.hops)
     }
 
     fn bound_latency(&self) -> String {
@@ -771,38 +766,52 @@ impl Report {
     }
 
     fn hops_section(&self) -> String {
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "## Where the time goes (1 session in turn, {} runs)\n",
-            self.hops.len()
-        );
-        let _ = writeln!(s, "| hop | covers | p50 ms | p90 ms | p99 ms |");
-        let _ = writeln!(s, "|---|---|---|---|---|");
-        for (name, covers, p) in self.hop_summary() {
-            if p.n == 0 {
-                let _ = writeln!(s, "| {name} | {covers} | n/a | n/a | n/a |");
-                continue;
-            }
-            let _ = writeln!(
-                s,
-                "| {name} | {covers} | {:.3} | {:.3} | {:.3} |",
-                p.p50, p.p90, p.p99
-            );
-        }
-        let total: Vec<f64> = self
-            .hops
-            .iter()
-            .map(|r| (r.trace.delivered - r.trace.sent) / 1000.0)
-            .collect();
-        let t = pct_ms(&total);
-        let _ = writeln!(
-            s,
-            "| **publish → delivered** | end to end | {:.3} | {:.3} | {:.3} |",
-            t.p50, t.p90, t.p99
-        );
-        s
+        format!(
+            "## Where the time goes (1 session in turn, {} runs)\n\n{}",
+            self.hops.len(),
+            hop_table(&self.hops)
+        )
     }
+}
+
+/// Each hop's percentiles over the traced runs, in path order.
+fn hop_summary(hops: &[HopRow]) -> Vec<(String, String, Pct)> {
+    HOPS.iter()
+        .map(|(name, covers, f)| {
+            let v: Vec<f64> = hops.iter().filter_map(f).collect();
+            (name.to_string(), covers.to_string(), pct_ms(&v))
+        })
+        .collect()
+}
+
+/// The markdown table of where the time of the traced runs went, hop by hop and end to end.
+#[must_use]
+pub fn hop_table(hops: &[HopRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "| hop | covers | p50 ms | p90 ms | p99 ms |");
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    for (name, covers, p) in hop_summary(hops) {
+        if p.n == 0 {
+            let _ = writeln!(s, "| {name} | {covers} | n/a | n/a | n/a |");
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "| {name} | {covers} | {:.3} | {:.3} | {:.3} |",
+            p.p50, p.p90, p.p99
+        );
+    }
+    let total: Vec<f64> = hops
+        .iter()
+        .map(|r| (r.trace.delivered - r.trace.sent) / 1000.0)
+        .collect();
+    let t = pct_ms(&total);
+    let _ = writeln!(
+        s,
+        "| **publish → delivered** | end to end | {:.3} | {:.3} | {:.3} |",
+        t.p50, t.p90, t.p99
+    );
+    s
 }
 
 #[cfg(test)]

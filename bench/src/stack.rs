@@ -108,6 +108,10 @@ impl Stack {
             "-sd",
         ])
         .arg(&store);
+        // nats-server's monitoring endpoint (`/jsz`, `/varz`), to watch where messages wait.
+        if let Ok(port) = std::env::var("BENCH_NATS_MONITOR_PORT") {
+            nats.args(["-m", &port]);
+        }
         // One Go scheduler thread: on two cores shared with eight other processes, a second one
         // only added handoffs between threads (A/B in bench/HISTORY.md). BENCH_NATS_GOMAXPROCS
         // overrides it.

@@ -90,8 +90,9 @@ pub struct RunnerSettings {
     pub system_prompt: String,
     /// A run is cut after this long.
     pub run_timeout_ms: u64,
-    /// Run commands enqueued at once; commands of one session keep their order.
-    pub intake_lanes: usize,
+    /// Sessions whose run commands are enqueued at once; each session's commands go one after
+    /// another, in order.
+    pub intake_concurrency: usize,
     /// Time given to in-flight runs on shutdown before they are cut.
     pub drain_timeout_ms: u64,
     /// Model turns per run unless the agent sets its own.
@@ -120,7 +121,7 @@ impl Default for RunnerSettings {
             history_cache_entries: 20_000,
             system_prompt: "You are a helpful assistant.".to_owned(),
             run_timeout_ms: 600_000,
-            intake_lanes: 32,
+            intake_concurrency: 256,
             drain_timeout_ms: 25_000,
             max_turns: 24,
             tool_timeout_ms: 60_000,

@@ -3,17 +3,15 @@
 //! whose owner died.
 
 use std::collections::HashMap;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, StreamKind, error_chain};
+use agentloop_bus::{Bus, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Counter, Health};
 use agentloop_model::ModelClient;
 use agentloop_proto::v1::{
@@ -156,14 +154,18 @@ pub(crate) async fn serve(
             ),
         },
     });
-    let lanes_n = config.runner.intake_lanes.max(1);
-    let intake_tasks = TaskTracker::new();
-    let mut lanes = Vec::with_capacity(lanes_n);
-    for _ in 0..lanes_n {
-        let (tx, rx) = mpsc::channel::<(jetstream::Message, RunCommand)>(64);
-        lanes.push(tx);
-        intake_tasks.spawn(lane(shared.clone(), rx));
-    }
+    let intake_shared = shared.clone();
+    let mut intake = InOrder::new(
+        config.runner.intake_concurrency,
+        move |(msg, command): (jetstream::Message, RunCommand)| {
+            let shared = intake_shared.clone();
+            async move {
+                let span = tracing::info_span!("intake", session_id = %command.session_id, session_key = %command.session_key);
+                agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
+                take_in(&shared, msg, command).instrument(span).await;
+            }
+        },
+    );
     let sweeper = tokio::spawn(sweep(shared.clone()));
     let controls = control::listen(shared.clone()).await?;
     if let Err(err) = shared
@@ -193,21 +195,17 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let idx = lane_of(&command.session_id, lanes_n);
-        if lanes[idx].send((msg, command)).await.is_err() {
-            break;
-        }
+        let session_id = command.session_id.clone();
+        intake.push(&session_id, (msg, command)).await;
     }
     // Graceful stop: no new commands (unacked ones return to other replicas), owners finish the
     // run they are in and hand their sessions back; past the drain time runs are cut.
-    // Stopping first: commands still in the lanes go into their inboxes and are acked, but this
+    // Stopping first: commands already taken go into their inboxes and are acked, but this
     // replica claims none of them; the other replicas' sweepers do.
     ready.set(false);
     shared.stopping.cancel();
-    drop(lanes);
     drop(messages);
-    intake_tasks.close();
-    intake_tasks.wait().await;
+    intake.finish().await;
     // Intake is over, so nothing more is handed to the acknowledger: it flushes and acks the rest.
     ack_stop.cancel();
     let _ = acker.await;
@@ -247,12 +245,6 @@ fn default_owner_id() -> String {
     )
 }
 
-fn lane_of(key: &str, n: usize) -> usize {
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    (hasher.finish() % n as u64) as usize
-}
-
 async fn reject(bus: &Bus, msg: &jetstream::Message, reason: &str) {
     match bus
         .dead_letter(
@@ -273,14 +265,6 @@ async fn reject(bus: &Bus, msg: &jetstream::Message, reason: &str) {
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;
         }
-    }
-}
-
-async fn lane(shared: Arc<Shared>, mut rx: mpsc::Receiver<(jetstream::Message, RunCommand)>) {
-    while let Some((msg, command)) = rx.recv().await {
-        let span = tracing::info_span!("intake", session_id = %command.session_id, session_key = %command.session_key);
-        agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
-        take_in(&shared, msg, command).instrument(span).await;
     }
 }
 

@@ -6,12 +6,14 @@ mod acks;
 mod config;
 mod consume;
 mod error;
+mod in_order;
 mod subjects;
 
 pub use acks::Acks;
 pub use config::BusConfig;
 pub use consume::Deliveries;
 pub use error::BusError;
+pub use in_order::InOrder;
 pub use subjects::{StreamKind, Subjects, stream_name};
 
 use std::time::Duration;

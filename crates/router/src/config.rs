@@ -53,8 +53,9 @@ pub struct RouterSettings {
     pub admin_listen: String,
     /// Durable consumer name shared by router replicas.
     pub consumer: String,
-    /// Messages routed at once; messages of one session keep their order.
-    pub lanes: usize,
+    /// Sessions whose messages are routed at once; each session's messages go one after
+    /// another, in order.
+    pub concurrency: usize,
     /// How long a resolved session is reused without asking memory again (0: always ask).
     /// A session's id never changes; a model override or queue mode set meanwhile may take
     /// this long to apply.
@@ -66,7 +67,7 @@ impl Default for RouterSettings {
         Self {
             admin_listen: String::new(),
             consumer: "router".to_owned(),
-            lanes: 32,
+            concurrency: 256,
             session_cache_ttl_ms: 1_000,
         }
     }

@@ -1,16 +1,15 @@
-//! The consume loop: decode and validate on the dispatcher, then one ordered lane per session
-//! hash, so two messages of one session are never routed out of order.
+//! The consume loop: decode and validate on the dispatcher, then route messages of different
+//! sessions at once and those of one session one after another, so they are never routed out of
+//! order.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use tokio::sync::mpsc;
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, StreamKind, error_chain};
+use agentloop_bus::{Bus, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Counter, Health};
 use agentloop_proto::v1::{
     ControlMessage, InboundMessage, OutboundMessage, ResolveSessionRequest, RunCommand, Session,
@@ -28,7 +27,6 @@ struct Routed {
     span: tracing::Span,
 }
 
-#[derive(Clone)]
 struct Ctx {
     bus: Bus,
     sessions: SessionServiceClient<TracedChannel>,
@@ -37,11 +35,11 @@ struct Ctx {
     retried: Counter,
     /// Acks of routed messages, sent in batches.
     acks: agentloop_bus::Acks,
-    /// Sessions resolved lately, per lane (a session always lands in the same lane).
-    cache: std::collections::HashMap<String, (std::time::Instant, Session)>,
+    /// Sessions resolved lately.
+    cache: Mutex<std::collections::HashMap<String, (std::time::Instant, Session)>>,
 }
 
-/// Most sessions a lane remembers; past it the cache starts over.
+/// Most sessions the cache remembers; past it the cache starts over.
 const CACHE_CAPACITY: usize = 10_000;
 
 pub(crate) async fn serve(
@@ -68,27 +66,29 @@ pub(crate) async fn serve(
         .deliveries(StreamKind::Inbound, &config.router.consumer)
         .await?;
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
-    let ctx = Ctx {
+    let ctx = Arc::new(Ctx {
         bus: bus.clone(),
         acks,
         sessions: SessionServiceClient::new(channel),
         routed: health.counter("agentloop_router_routed_total", "Run commands published."),
-        cache: std::collections::HashMap::new(),
+        cache: Mutex::default(),
         retried: health.counter(
             "agentloop_router_retries_total",
             "Inbound messages handed back for redelivery after a transient failure.",
         ),
         config: config.clone(),
-    };
-    let lanes_n = config.router.lanes.max(1);
-    let tracker = TaskTracker::new();
-    let mut lanes = Vec::with_capacity(lanes_n);
-    for _ in 0..lanes_n {
-        // Bounded: a slow memory service pushes back on the dispatcher instead of growing memory.
-        let (tx, rx) = mpsc::channel::<Routed>(64);
-        lanes.push(tx);
-        tracker.spawn(lane(ctx.clone(), rx));
-    }
+    });
+    // Bounded: past `concurrency` sessions in flight the dispatcher waits, and the messages
+    // queued behind a session's own are held by the consumer's `max_ack_pending`, so a slow
+    // memory service pushes back instead of growing memory.
+    let route_ctx = ctx.clone();
+    let mut routing = InOrder::new(config.router.concurrency, move |routed: Routed| {
+        let ctx = route_ctx.clone();
+        async move {
+            let span = routed.span.clone();
+            route_one(&ctx, routed).instrument(span).await;
+        }
+    });
     ready.set(true);
     tracing::info!(prefix = %config.bus.prefix, "router consuming inbound messages");
     loop {
@@ -107,30 +107,18 @@ pub(crate) async fn serve(
             }
         };
         span.record("session_key", inbound.session_key.as_str());
-        let lane = lane_of(&inbound.session_key, lanes_n);
-        if lanes[lane]
-            .send(Routed { msg, inbound, span })
-            .await
-            .is_err()
-        {
-            break;
-        }
+        let session_key = inbound.session_key.clone();
+        routing
+            .push(&session_key, Routed { msg, inbound, span })
+            .await;
     }
     ready.set(false);
-    drop(lanes);
-    tracker.close();
-    tracker.wait().await;
-    // The lanes' clones went with them; this one goes now, and the routed messages' acks are
-    // sent before the router stops.
+    routing.finish().await;
+    // The routing tasks' clones went with them; this one goes now, and the routed messages'
+    // acks are sent before the router stops.
     drop(ctx);
     let _ = acks_sent.await;
     Ok(())
-}
-
-fn lane_of(key: &str, n: usize) -> usize {
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    (hasher.finish() % n as u64) as usize
 }
 
 fn decode_and_validate(bus: &Bus, msg: &jetstream::Message) -> Result<InboundMessage, String> {
@@ -168,14 +156,7 @@ async fn reject(bus: &Bus, msg: &jetstream::Message, reason: &str) {
     }
 }
 
-async fn lane(mut ctx: Ctx, mut rx: mpsc::Receiver<Routed>) {
-    while let Some(routed) = rx.recv().await {
-        let span = routed.span.clone();
-        route_one(&mut ctx, routed).instrument(span).await;
-    }
-}
-
-async fn route_one(ctx: &mut Ctx, routed: Routed) {
+async fn route_one(ctx: &Ctx, routed: Routed) {
     let Routed { msg, inbound, .. } = routed;
     // Retried here rather than handed back: a message handed back would lose its place behind
     // the next messages of its session, which must stay in order.
@@ -217,7 +198,7 @@ async fn route_one(ctx: &mut Ctx, routed: Routed) {
 }
 
 async fn publish_run(
-    ctx: &mut Ctx,
+    ctx: &Ctx,
     msg: &jetstream::Message,
     inbound: InboundMessage,
 ) -> Result<(), String> {
@@ -281,19 +262,25 @@ async fn publish_run(
         .map_err(|e| error_chain(&e))
 }
 
-/// Resolves the session, from the lane's cache when it was resolved in the last
+/// Resolves the session, from the cache when it was resolved in the last
 /// `session_cache_ttl_ms` (a session's id never changes; its overrides may lag that long).
-async fn resolve(ctx: &mut Ctx, inbound: &InboundMessage) -> Result<Session, String> {
+async fn resolve(ctx: &Ctx, inbound: &InboundMessage) -> Result<Session, String> {
     let ttl = Duration::from_millis(ctx.config.router.session_cache_ttl_ms);
     let cache_key = format!("{}\u{0}{}", inbound.agent_id, inbound.session_key);
     if !ttl.is_zero()
-        && let Some((at, session)) = ctx.cache.get(&cache_key)
-        && at.elapsed() < ttl
+        && let Some(session) = ctx
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&cache_key)
+            .filter(|(at, _)| at.elapsed() < ttl)
+            .map(|(_, session)| session.clone())
     {
-        return Ok(session.clone());
+        return Ok(session);
     }
     let session = ctx
         .sessions
+        .clone()
         .resolve_session(ResolveSessionRequest {
             session_key: inbound.session_key.clone(),
             agent_id: inbound.agent_id.clone(),
@@ -303,17 +290,17 @@ async fn resolve(ctx: &mut Ctx, inbound: &InboundMessage) -> Result<Session, Str
         .map_err(|status| format!("memory: {}", status.message()))?
         .into_inner();
     if !ttl.is_zero() {
-        if ctx.cache.len() >= CACHE_CAPACITY {
-            ctx.cache.clear();
+        let mut cache = ctx.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.len() >= CACHE_CAPACITY {
+            cache.clear();
         }
-        ctx.cache
-            .insert(cache_key, (std::time::Instant::now(), session.clone()));
+        cache.insert(cache_key, (std::time::Instant::now(), session.clone()));
     }
     Ok(session)
 }
 
 /// `/stop`: aborts the session's live run (its owner answers it with "Stopped.") and confirms.
-async fn stop(ctx: &mut Ctx, session_id: &str, inbound: InboundMessage) -> Result<(), String> {
+async fn stop(ctx: &Ctx, session_id: &str, inbound: InboundMessage) -> Result<(), String> {
     let abort = ControlMessage {
         session_id: session_id.to_owned(),
         action: "abort".to_owned(),
@@ -366,15 +353,6 @@ fn resolve_model(config: &RouterConfig, session_override: &str, agent_model: &st
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn one_session_always_maps_to_one_lane() {
-        let a = lane_of("cli:alice", 32);
-        for _ in 0..10 {
-            assert_eq!(lane_of("cli:alice", 32), a);
-        }
-        assert!(lane_of("x", 1) == 0);
-    }
 
     #[test]
     fn session_override_wins_only_inside_the_allowlist() {
