@@ -255,6 +255,59 @@ async fn one_session_runs_in_turn_while_two_sessions_run_at_once() {
 }
 
 #[tokio::test]
+async fn a_burst_to_one_session_is_answered_in_order_among_other_sessions() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
+
+    // Other sessions' messages in between, so the router and the runner handle several
+    // sessions at once while this one's messages queue behind each other.
+    const N: usize = 30;
+    for n in 0..N {
+        sandbox
+            .publish_json(
+                "cli",
+                json!({"sessionKey": "s:order", "text": format!("o-{n:02}")}),
+            )
+            .await
+            .unwrap();
+        let other = format!("s:other-{}", n % 5);
+        sandbox
+            .publish_json(
+                "cli",
+                json!({"sessionKey": other, "text": format!("x-{n:02}")}),
+            )
+            .await
+            .unwrap();
+    }
+    let mut ordered = Vec::new();
+    for _ in 0..2 * N {
+        let text = next_reply(&mut replies, WAIT).await.unwrap().text;
+        if let Some(rest) = text.strip_prefix("echo: o-") {
+            ordered.push(rest.to_owned());
+        }
+    }
+    let expected: Vec<String> = (0..N).map(|n| format!("{n:02}")).collect();
+    assert_eq!(ordered, expected, "one session's replies came out of order");
+
+    // The inbox holds them in the order they were published (keys are stream positions).
+    let pool = sandbox.finished_runs(2 * N as i64).await.unwrap();
+    let positions: Vec<i64> = sqlx::query_scalar(
+        "SELECT substr(i.idempotency_key, length('inbound-') + 1)::bigint \
+         FROM session_inbox i JOIN sessions s ON s.id = i.session_id \
+         WHERE s.key = 's:order' ORDER BY i.seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(positions.len(), N);
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "inbox order differs from publish order: {positions:?}"
+    );
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn the_second_message_sees_the_first_exchange_in_its_context() {
     let sandbox = Sandbox::start().await.unwrap();
     let mut replies = sandbox.subscribe("deliver.>").await;
