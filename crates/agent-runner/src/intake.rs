@@ -196,7 +196,12 @@ pub(crate) async fn serve(
             }
         };
         let session_id = command.session_id.clone();
-        intake.push(&session_id, (msg, command)).await;
+        // Waiting for a free slot must not hold up a stop: a command dropped here is not
+        // acknowledged, so JetStream hands it to a replica again.
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = intake.push(&session_id, (msg, command)) => {}
+        }
     }
     // Graceful stop: no new commands (unacked ones return to other replicas), owners finish the
     // run they are in and hand their sessions back; past the drain time runs are cut.

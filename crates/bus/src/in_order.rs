@@ -42,6 +42,7 @@ where
 
     /// Queues `item` behind the items of `key` still in flight, or starts it once a slot is
     /// free. Waiting for a slot is the caller's back-pressure: it should stop taking work.
+    /// Dropping the future while it waits drops `item` and leaves nothing half done.
     pub async fn push(&mut self, key: &str, item: T) {
         {
             let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
@@ -138,6 +139,33 @@ mod tests {
             .map(|(_, n)| *n)
             .collect();
         assert_eq!(slow, vec![0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_push_given_up_while_waiting_for_a_slot_leaves_nothing_behind() {
+        let handled = Arc::new(Mutex::new(Vec::<u32>::new()));
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let (handled2, gate2) = (handled.clone(), gate.clone());
+        let mut in_order = InOrder::new(1, move |n: u32| {
+            let (handled, gate) = (handled2.clone(), gate2.clone());
+            async move {
+                if n == 0 {
+                    gate.notified().await;
+                }
+                handled.lock().unwrap().push(n);
+            }
+        });
+        in_order.push("a", 0).await;
+        // The only slot is taken: this push waits, and is given up.
+        let gave_up = tokio::time::timeout(Duration::from_millis(50), in_order.push("b", 1)).await;
+        assert!(gave_up.is_err(), "the push found a slot it should not have");
+        gate.notify_one();
+        // Key "b" was never entered, so its next item starts rather than queueing forever.
+        tokio::time::timeout(Duration::from_secs(5), in_order.push("b", 2))
+            .await
+            .expect("no slot came free");
+        in_order.finish().await;
+        assert_eq!(*handled.lock().unwrap(), vec![0, 2]);
     }
 
     #[tokio::test]

@@ -108,9 +108,12 @@ pub(crate) async fn serve(
         };
         span.record("session_key", inbound.session_key.as_str());
         let session_key = inbound.session_key.clone();
-        routing
-            .push(&session_key, Routed { msg, inbound, span })
-            .await;
+        // Waiting for a free slot must not hold up a stop: a message dropped here is not
+        // acknowledged, so JetStream hands it to a replica again.
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = routing.push(&session_key, Routed { msg, inbound, span }) => {}
+        }
     }
     ready.set(false);
     routing.finish().await;
