@@ -66,18 +66,23 @@ async fn start_all(nats: &NatsServer, db: &TestDatabase, model_env: &[(&str, Str
         let _ = pipe.read_to_string(&mut text).await;
         text
     });
-    let process = Process {
+    let mut process = Process {
         child,
         gateway,
         stderr,
     };
     let addr = process.gateway.clone();
-    wait_until("agentloop all ready", Duration::from_secs(30), || {
+    let ready = wait_until("agentloop all ready", Duration::from_secs(30), || {
         let addr = addr.clone();
         async move { (http_status(&addr, "/readyz").await == Some(200)).then_some(()) }
     })
-    .await
-    .unwrap();
+    .await;
+    if let Err(err) = ready {
+        // Its own log says why (a port taken meanwhile, a dependency it kept retrying).
+        let _ = process.child.start_kill();
+        let log = process.stderr.await.unwrap_or_default();
+        panic!("{err}; agentloop all logged:\n{log}");
+    }
     process
 }
 
