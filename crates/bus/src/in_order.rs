@@ -7,7 +7,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::FutureExt as _;
 
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
@@ -69,7 +72,11 @@ where
             let _permit = permit;
             let mut next = item;
             loop {
-                handler(next).await;
+                // A handler that panics loses its own item (unacknowledged, so redelivered), not
+                // every later item of its key.
+                if AssertUnwindSafe(handler(next)).catch_unwind().await.is_err() {
+                    tracing::error!(key = %key, "handler panicked; going on with the key's next item");
+                }
                 let mut guard = queues.lock().unwrap_or_else(PoisonError::into_inner);
                 match guard.get_mut(&key).and_then(VecDeque::pop_front) {
                     Some(item) => next = item,
@@ -165,6 +172,26 @@ mod tests {
             .await
             .expect("no slot came free");
         in_order.finish().await;
+        assert_eq!(*handled.lock().unwrap(), vec![0, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_does_not_stall_its_key() {
+        let handled = Arc::new(Mutex::new(Vec::<u32>::new()));
+        let handled2 = handled.clone();
+        let mut in_order = InOrder::new(4, move |n: u32| {
+            let handled = handled2.clone();
+            async move {
+                assert!(n != 1, "item 1 fails");
+                handled.lock().unwrap().push(n);
+            }
+        });
+        for n in 0..3 {
+            in_order.push("k", n).await;
+        }
+        tokio::time::timeout(Duration::from_secs(5), in_order.finish())
+            .await
+            .expect("the key stalled");
         assert_eq!(*handled.lock().unwrap(), vec![0, 2]);
     }
 
