@@ -10,7 +10,7 @@ use futures::StreamExt as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use agentloop_fake_model::{FakeModel, FakeModelConfig};
-use agentloop_testkit::{NatsServer, TestDatabase, wait_until};
+use agentloop_testkit::{NatsServer, TestDatabase};
 
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -33,7 +33,30 @@ struct Process {
     stderr: tokio::task::JoinHandle<String>,
 }
 
+/// Starts `agentloop all` and waits until it is ready. Its ports are picked free a moment
+/// before it binds them, and another process may take one meanwhile (any outgoing connection
+/// can get it as its local port): a process that exits while starting is started again on new
+/// ports, twice at most, and a third exit fails the test with its log.
 async fn start_all(nats: &NatsServer, db: &TestDatabase, model_env: &[(&str, String)]) -> Process {
+    let mut logs = Vec::new();
+    for _ in 0..3 {
+        match try_start_all(nats, db, model_env).await {
+            Ok(process) => return process,
+            Err(log) => logs.push(log),
+        }
+    }
+    panic!(
+        "agentloop all exited while starting, three times; its logs:\n{}",
+        logs.join("\n---\n")
+    );
+}
+
+/// `Err` with the process's log when it exited before it was ready.
+async fn try_start_all(
+    nats: &NatsServer,
+    db: &TestDatabase,
+    model_env: &[(&str, String)],
+) -> Result<Process, String> {
     let memory_port = free_port();
     let gateway = format!("127.0.0.1:{}", free_port());
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentloop"));
@@ -71,19 +94,22 @@ async fn start_all(nats: &NatsServer, db: &TestDatabase, model_env: &[(&str, Str
         gateway,
         stderr,
     };
-    let addr = process.gateway.clone();
-    let ready = wait_until("agentloop all ready", Duration::from_secs(30), || {
-        let addr = addr.clone();
-        async move { (http_status(&addr, "/readyz").await == Some(200)).then_some(()) }
-    })
-    .await;
-    if let Err(err) = ready {
-        // Its own log says why (a port taken meanwhile, a dependency it kept retrying).
-        let _ = process.child.start_kill();
-        let log = process.stderr.await.unwrap_or_default();
-        panic!("{err}; agentloop all logged:\n{log}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if http_status(&process.gateway, "/readyz").await == Some(200) {
+            return Ok(process);
+        }
+        if let Ok(Some(_)) = process.child.try_wait() {
+            return Err(process.stderr.await.unwrap_or_default());
+        }
+        if tokio::time::Instant::now() > deadline {
+            // Its own log says why (a dependency it kept retrying, say).
+            let _ = process.child.start_kill();
+            let log = process.stderr.await.unwrap_or_default();
+            panic!("agentloop all not ready after 30 s; it logged:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    process
 }
 
 async fn send_like_nats_pub(nats: &NatsServer, key: &str, text: &str) -> serde_json::Value {
