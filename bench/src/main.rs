@@ -256,6 +256,10 @@ async fn watched(
     result
 }
 
+/// How long the bench waits after a load before it reads idle resident memory: the services
+/// hand freed memory back once a second, and mimalloc returns it to the system a second later.
+const RSS_SETTLE: Duration = Duration::from_secs(3);
+
 /// `--soak`: the warm-up, then `sessions` sessions × `per` messages, summarized in one line.
 async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Result<String> {
     let (sessions, runners) = (options.soak_sessions, options.soak_runners);
@@ -274,6 +278,7 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
     phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
     step(&format!("soak: {sessions} sessions × {per} messages"));
     let owners_before = runner_owners(stack, runners).await;
+    let rss_before = stack::rss_by_name(stack);
     let soak_load = load("soak", sessions, sessions, per, limit);
     let p = if options.soak_trace {
         watched(stack, &client, &pool, &soak_load, true).await?
@@ -303,6 +308,24 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
                 runs.saturating_sub(claims)
             )
         });
+    let rss_after = stack::rss_by_name(stack);
+    // What a service gives back once the load is gone is its idle footprint after work.
+    tokio::time::sleep(RSS_SETTLE).await;
+    let rss_settled = stack::rss_by_name(stack);
+    let rss: Vec<String> = rss_before
+        .iter()
+        .zip(&rss_after)
+        .zip(&rss_settled)
+        .map(|(((name, before), (_, after)), (_, settled))| {
+            let mib = |kib: &u64| *kib as f64 / 1024.0;
+            format!(
+                "{name} {:.1}/{:.1}/{:.1}",
+                mib(before),
+                mib(after),
+                mib(settled)
+            )
+        })
+        .collect();
     pool.close().await;
     let (calls, batches) = p.batched.unwrap_or_default();
     let tck = procfs::clock_ticks_per_sec();
@@ -316,9 +339,11 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
         })
         .collect();
     Ok(format!(
-        "{}\nCPU-ms/run by process: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}{hops}",
+        "{}\nCPU-ms/run by process: {}\nRSS MiB before / right after / {} s after the soak: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}{hops}",
         summary_line(&p, tck),
         by_process.join(", "),
+        RSS_SETTLE.as_secs(),
+        rss.join(", "),
         calls as f64 / batches.max(1) as f64
     ))
 }
@@ -575,7 +600,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         "memory: {} new sessions, {} active at once",
         plan.mem_sessions, plan.mem_active
     ));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(RSS_SETTLE).await;
     report.rss_before_mem = stack::rss_by_name(stack);
     let peak: Arc<Mutex<Vec<(String, u64)>>> = Arc::new(Mutex::new(report.rss_before_mem.clone()));
     let sampler = {
@@ -616,7 +641,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
     report.rss_peak_mem = peak.lock().map(|p| p.clone()).unwrap_or_default();
     step(&summary_line(&mem, tck));
     report.memory_phase = Some(mem);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(RSS_SETTLE).await;
     report.rss_after_mem = stack::rss_by_name(stack);
 
     // Scaling: one runner, two, then one again, back to back on the same database, so the

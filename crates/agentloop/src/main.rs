@@ -3,6 +3,7 @@
 mod all;
 mod chat;
 mod send;
+mod trim;
 
 use anyhow::{Context as _, bail};
 
@@ -90,6 +91,7 @@ async fn start(command: String) -> anyhow::Result<()> {
     let _telemetry = agentloop_telemetry::init(&service, &telemetry.telemetry)
         .context("failed to start telemetry")?;
     let shutdown = agentloop_lifecycle::shutdown_on_signals();
+    tokio::spawn(trim::run());
     // The future `main` blocks on is polled on the main thread, outside the worker pool: a
     // service loop left there (the runner's, router's and delivery's intake) had every message
     // handed from a worker to the main thread and back, two thread wakeups per message.
