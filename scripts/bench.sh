@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Benchmarks the whole stack (five services as separate processes, a private nats-server, a
 # fresh Postgres database, the fake model answering at once), prints a markdown table and
-# writes bench/RESULTS.md. Takes about 3 minutes; --quick about 1.
+# writes bench/RESULTS.md. Takes under a minute once built (the first release build about 6);
+# --quick about 30 s.
 #
 # Usage: ./scripts/bench.sh [--quick] [--no-write | --out PATH] [--keep-logs]
 #        ./scripts/bench.sh --soak N [--sessions S] [--runners R]   (S sessions, default 100,
-#          × N messages only, on R runner processes, default 1; one line printed)
+#          × N messages only, on R runner processes, default 1; a short summary printed)
 #        ./scripts/bench.sh --openclaw [--no-write | --out PATH] [--keep-logs]
 #   --openclaw: side by side with OpenClaw 2026.9.6 through the same OpenAI-compatible
 #   POST /v1/chat/completions and the same fake model process (about 2 minutes after the

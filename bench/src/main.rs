@@ -197,7 +197,7 @@ async fn main() -> anyhow::Result<()> {
 
 /// What a run produced.
 enum Output {
-    /// `--soak`: one summary line with CPU by process.
+    /// `--soak`: a short summary with CPU and resident memory by process.
     Soak(String),
     Report(Box<Report>),
     SideBySide(Box<sidebyside::SideBySide>),
@@ -260,7 +260,7 @@ async fn watched(
 /// hand freed memory back once a second, and mimalloc returns it to the system a second later.
 const RSS_SETTLE: Duration = Duration::from_secs(3);
 
-/// `--soak`: the warm-up, then `sessions` sessions × `per` messages, summarized in one line.
+/// `--soak`: the warm-up, then `sessions` sessions × `per` messages, summarized in a few lines.
 async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Result<String> {
     let (sessions, runners) = (options.soak_sessions, options.soak_runners);
     stack.start().await?;
