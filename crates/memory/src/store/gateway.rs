@@ -296,15 +296,19 @@ impl Store {
         error: Option<&str>,
     ) -> Result<Dispatch, MemoryError> {
         let mut conn = self.conn(Uuid::nil()).await?;
-        let result = sqlx::query(include_str!("queries/complete_dispatch.sql"))
+        let result = sqlx::query_as::<_, Dispatch>(include_str!("queries/complete_dispatch.sql"))
             .bind(run_handle)
             .bind(status)
             .bind(text)
             .bind(error)
-            .execute(&mut *conn)
+            .fetch_optional(&mut *conn)
             .await;
-        conn.settle(result)
+        let stored = conn
+            .settle(result)
             .map_err(|err| translate(err, Uuid::nil()))?;
+        if let Some(record) = stored {
+            return Ok(record);
+        }
         self.get_dispatch(&DispatchLookup::Run(run_handle))
             .await?
             .ok_or_else(|| {
@@ -324,7 +328,7 @@ mod tests {
     use sqlx::PgPool;
     use uuid::Uuid;
 
-    use crate::store::Store;
+    use crate::store::{Dispatch, Store};
 
     #[sqlx::test(migrations = "./migrations")]
     async fn a_completion_is_stored_once_and_its_async_commit_stays_in_its_transaction(
@@ -366,8 +370,8 @@ mod tests {
             "a later completion changes nothing"
         );
 
-        // The statement turns synchronous commit off for its own transaction: a copy of it
-        // that also reports the setting says so.
+        // The statement turns synchronous commit off for its own transaction: run inside an
+        // explicit one, it leaves the setting off there, and it answers with the record.
         let handle2 = Uuid::now_v7();
         store
             .begin_dispatch(
@@ -379,18 +383,30 @@ mod tests {
             )
             .await
             .unwrap();
-        let reported: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "{} RETURNING current_setting('synchronous_commit')",
-            include_str!("queries/complete_dispatch.sql").trim_end()
-        )))
-        .bind(handle2)
-        .bind("ok")
-        .bind("")
-        .bind(None::<&str>)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+        let mut tx = store.pool().begin().await.unwrap();
+        let stored = sqlx::query_as::<_, Dispatch>(include_str!("queries/complete_dispatch.sql"))
+            .bind(handle2)
+            .bind("ok")
+            .bind("second key")
+            .bind(None::<&str>)
+            .fetch_optional(&mut *tx)
+            .await
+            .unwrap()
+            .expect("the completion answers with the record");
+        assert_eq!(
+            (
+                stored.run_handle,
+                stored.status.as_str(),
+                stored.text.as_deref()
+            ),
+            (handle2, "ok", Some("second key"))
+        );
+        let reported: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
         assert_eq!(reported, "off");
+        tx.commit().await.unwrap();
 
         // The completion ran on the connection the store holds; the next call on it must
         // commit synchronously again.
