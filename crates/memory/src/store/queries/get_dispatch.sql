@@ -15,11 +15,7 @@ WITH target AS (
 SELECT d.session_key, d.idempotency_key, d.run_handle, d.session_id, d.status, d.text, d.error,
        d.created_at, d.expires_at,
        r.id AS run_id, r.status AS run_status, r.error AS run_error,
-       (SELECT t.content
-        FROM transcript_entries AS t
-        WHERE t.session_id = r.session_id AND t.run_id = r.id AND t.role = 'assistant'
-        ORDER BY t.seq DESC
-        LIMIT 1) AS run_answer
+       agentloop_run_answer(r.session_id, r.id) AS run_answer
 FROM target
 JOIN dispatches AS d USING (session_key, idempotency_key)
 LEFT JOIN runs AS r ON r.id = agentloop_run_id(d.session_id, d.idempotency_key)
