@@ -3,8 +3,8 @@
 //! mimalloc returns freed pages to the system a second after they were freed, but only from
 //! within a later call into the allocator; a service that goes quiet makes none, and kept what
 //! its last load needed. Three seconds after 1000 sessions at once (`bench.sh --soak 2
-//! --sessions 1000`), the runner still held 38-42 MiB and memory 24-25 MiB; with this, 25-27
-//! and 17-18, at the same CPU per run (`bench/HISTORY.md`).
+//! --sessions 1000`), the runner still held 38-42 MiB and memory up to 25 MiB; with this,
+//! 26-27 and 18, at the same CPU per run (`bench/HISTORY.md`).
 
 use std::time::Duration;
 
