@@ -204,10 +204,7 @@ async fn one_session_runs_in_turn_while_two_sessions_run_at_once() {
     // Each answer takes at least 400 ms, so overlap (or its absence) is visible in the runs table.
     for (key, text) in [("s:a", "a1"), ("s:a", "a2"), ("s:b", "b1")] {
         sandbox
-            .publish_json(
-                "cli",
-                json!({"sessionKey": key, "text": format!("{text} [[delay_ms:400]]")}),
-            )
+            .say(key, &format!("{text} [[delay_ms:400]]"))
             .await
             .unwrap();
     }
@@ -263,21 +260,9 @@ async fn a_burst_to_one_session_is_answered_in_order_among_other_sessions() {
     // sessions at once while this one's messages queue behind each other.
     const N: usize = 30;
     for n in 0..N {
-        sandbox
-            .publish_json(
-                "cli",
-                json!({"sessionKey": "s:order", "text": format!("o-{n:02}")}),
-            )
-            .await
-            .unwrap();
+        sandbox.say("s:order", &format!("o-{n:02}")).await.unwrap();
         let other = format!("s:other-{}", n % 5);
-        sandbox
-            .publish_json(
-                "cli",
-                json!({"sessionKey": other, "text": format!("x-{n:02}")}),
-            )
-            .await
-            .unwrap();
+        sandbox.say(&other, &format!("x-{n:02}")).await.unwrap();
     }
     let mut ordered = Vec::new();
     for _ in 0..2 * N {

@@ -265,6 +265,15 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Publishes a plain text message to `session_key` on the `cli` channel, as JSON.
+    pub async fn say(&self, session_key: &str, text: &str) -> anyhow::Result<()> {
+        self.publish_json(
+            "cli",
+            serde_json::json!({"sessionKey": session_key, "text": text}),
+        )
+        .await
+    }
+
     pub async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
         self.db.pool().await
     }
