@@ -66,8 +66,12 @@ pub async fn run_with(
     if let Ok(local) = admin.local_addr() {
         tracing::info!(admin = %local, "runner admin endpoints listening");
     }
-    let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
+    // Stopped with the service, also when it fails to start: a service that cannot run must
+    // exit with its error, not keep serving "not ready".
+    let admin_stop = shutdown.child_token();
+    let admin_task = tokio::spawn(admin.serve(admin_stop.clone()));
     let result = serve_with(config, health, shutdown, extensions).await;
+    admin_stop.cancel();
     let _ = admin_task.await;
     result
 }

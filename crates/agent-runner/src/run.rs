@@ -440,7 +440,8 @@ impl RunCtx<'_> {
                 }
             }
         }
-        tracing::error!("gave up publishing the reply");
+        // Each attempt already waited `bus.publish_retry_ms` for a stream leader.
+        tracing::error!(run_id = %self.run.id, session_key = %command.session_key, "gave up publishing the reply: the outbound stream stored nothing for minutes");
     }
 
     fn tool_context(&self, call_id: &str) -> ToolContext {

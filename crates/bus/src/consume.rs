@@ -8,8 +8,13 @@ use futures::StreamExt as _;
 
 use crate::{Bus, BusError, StreamKind};
 
-/// Consecutive stream errors after which the stream is reopened.
-const MAX_ERRORS: u32 = 3;
+/// How often the server reports an idle pull as alive. A pull request sent to a consumer
+/// leader that died is answered by nobody: two missed heartbeats (2 s) are how that is noticed,
+/// so this bounds the pause in a failover. The cost is one small message a second per consumer.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// The longest wait between attempts to reopen; short, since a new leader is usually elected
+/// within seconds.
+const MAX_REOPEN_DELAY: Duration = Duration::from_secs(1);
 
 /// The messages of one durable consumer, shared by a service's replicas.
 pub struct Deliveries {
@@ -17,7 +22,6 @@ pub struct Deliveries {
     kind: StreamKind,
     durable: String,
     stream: Option<pull::Stream>,
-    errors: u32,
     connections: tokio::sync::watch::Receiver<u64>,
     /// False once the connection's event source is gone (the client closed).
     watching: bool,
@@ -40,7 +44,6 @@ impl Bus {
             kind,
             durable: durable.to_owned(),
             stream: None,
-            errors: 0,
             connections,
             watching: true,
         };
@@ -55,7 +58,7 @@ impl Deliveries {
         consumer
             .stream()
             .max_messages_per_batch(256)
-            .heartbeat(Duration::from_secs(5))
+            .heartbeat(HEARTBEAT)
             .expires(Duration::from_secs(30))
             .messages()
             .await
@@ -75,12 +78,12 @@ impl Deliveries {
                     Ok(stream) => {
                         tracing::info!(consumer = %self.durable, "consumer stream reopened");
                         self.stream = Some(stream);
-                        self.errors = 0;
+                        delay = Duration::from_millis(100);
                     }
                     Err(err) => {
                         tracing::warn!(consumer = %self.durable, error = %crate::error_chain(&err), retry_in_ms = delay.as_millis() as u64, "cannot reopen the consumer stream");
                         tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+                        delay = (delay * 2).min(MAX_REOPEN_DELAY);
                     }
                 }
                 continue;
@@ -100,16 +103,15 @@ impl Deliveries {
                 }
             };
             match next {
-                Some(Ok(msg)) => {
-                    self.errors = 0;
-                    return msg;
-                }
+                Some(Ok(msg)) => return msg,
+                // Every error means the pull request in flight is lost (no responders while the
+                // consumer has no leader, missed heartbeats after its leader died, the consumer
+                // gone): the stream would otherwise wait for the request to expire before
+                // pulling again, so a new one pulls at once.
                 Some(Err(err)) => {
-                    self.errors += 1;
-                    tracing::warn!(consumer = %self.durable, error = %err, errors = self.errors, "consumer stream error");
-                    if self.errors >= MAX_ERRORS {
-                        self.stream = None;
-                    }
+                    tracing::warn!(consumer = %self.durable, error = %err, "consumer stream error, reopening");
+                    self.stream = None;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 None => {
                     tracing::warn!(consumer = %self.durable, "consumer stream ended, reopening");

@@ -12,6 +12,14 @@ pub enum BusError {
         #[source]
         source: async_nats::ConnectError,
     },
+    /// A configured URL cannot be used; retrying cannot fix it.
+    #[error("invalid NATS URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL, credentials masked.
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
     /// The server is older than agentloop supports.
     #[error(
         "nats-server {version} at {url} is too old: agentloop needs 2.11 or newer (older servers silently drop stream settings)"

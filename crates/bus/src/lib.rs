@@ -10,7 +10,7 @@ mod in_order;
 mod subjects;
 
 pub use acks::Acks;
-pub use config::BusConfig;
+pub use config::{BusConfig, redact_url};
 pub use consume::Deliveries;
 pub use error::BusError;
 pub use in_order::InOrder;
@@ -53,6 +53,7 @@ impl Bus {
     /// # Errors
     /// [`BusError`] when the server is unreachable, too old, or refuses the stream settings.
     pub async fn connect(config: &BusConfig, service: &str) -> Result<Self, BusError> {
+        let seeds = config.server_addrs()?;
         let (connected_tx, connections) = tokio::sync::watch::channel(0_u64);
         let client = async_nats::ConnectOptions::new()
             .event_callback(move |event| {
@@ -70,16 +71,16 @@ impl Bus {
             })
             .name(format!("agentloop-{service}"))
             .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .connect(config.url.as_str())
+            .connect(seeds)
             .await
             .map_err(|source| BusError::Connect {
-                url: config.url.clone(),
+                url: config.display_urls(),
                 source,
             })?;
         let version = client.server_info().version;
         if !version_at_least(&version, MIN_SERVER_VERSION) {
             return Err(BusError::ServerTooOld {
-                url: config.url.clone(),
+                url: config.display_urls(),
                 version,
             });
         }
@@ -98,7 +99,7 @@ impl Bus {
     /// Connects, retrying with backoff until it succeeds or `shutdown` is cancelled (`None`).
     ///
     /// # Errors
-    /// [`BusError::ServerTooOld`] at once: retrying cannot fix it.
+    /// [`BusError::ServerTooOld`] and [`BusError::InvalidUrl`] at once: retrying cannot fix them.
     pub async fn connect_retrying(
         config: &BusConfig,
         service: &str,
@@ -108,7 +109,9 @@ impl Bus {
         loop {
             match Self::connect(config, service).await {
                 Ok(bus) => return Ok(Some(bus)),
-                Err(err @ BusError::ServerTooOld { .. }) => return Err(err),
+                Err(err @ (BusError::ServerTooOld { .. } | BusError::InvalidUrl { .. })) => {
+                    return Err(err);
+                }
                 Err(err) => {
                     tracing::warn!(error = %error_chain(&err), retry_in_ms = delay.as_millis() as u64, "nats not available, retrying");
                 }
@@ -141,21 +144,36 @@ impl Bus {
         &self.config
     }
 
-    /// Creates or updates the five streams; safe to call from every replica at once.
+    /// Makes sure the five streams exist with this configuration. A stream is read first and
+    /// created only when missing, updated only when its settings differ, so replicas starting
+    /// together check rather than race (every service updating the same three-replica streams
+    /// at once made a cluster start take up to a minute).
     ///
     /// # Errors
     /// [`BusError::Stream`] when the server refuses a stream.
     pub async fn ensure_streams(&self) -> Result<(), BusError> {
         for kind in StreamKind::ALL {
-            let config = self.stream_config(kind);
-            let name = config.name.clone();
-            self.js
-                .create_or_update_stream(config)
-                .await
-                .map_err(|source| BusError::Stream {
-                    name,
-                    source: Box::new(source),
-                })?;
+            let wanted = self.stream_config(kind);
+            let name = wanted.name.clone();
+            let stream_err = |source| BusError::Stream {
+                name: name.clone(),
+                source: Box::new(source),
+            };
+            match self.js.get_stream(&name).await {
+                // The lookup answered with the stream's current settings.
+                Ok(stream) => {
+                    if !stream_settings_match(&stream.cached_info().config, &wanted) {
+                        tracing::info!(stream = %name, "stream settings differ, updating");
+                        self.js.update_stream(wanted).await.map_err(stream_err)?;
+                    }
+                }
+                Err(_) => {
+                    self.js
+                        .create_or_update_stream(wanted)
+                        .await
+                        .map_err(stream_err)?;
+                }
+            }
         }
         Ok(())
     }
@@ -231,10 +249,12 @@ impl Bus {
         }
     }
 
-    /// Publishes `msg` to a stream subject and waits for the server's acknowledgement.
+    /// Publishes `msg` to a stream subject and waits until the stream stored it, retrying while
+    /// the stream has no leader or the answer is lost, for `publish_retry_ms`.
     ///
     /// # Errors
-    /// [`BusError::Publish`] when the server does not store it.
+    /// [`BusError::Publish`] when the stream refuses it or does not store it in time: the
+    /// caller must then keep its own input unacknowledged, so it comes again.
     pub async fn publish_durable<T: prost::Message + Serialize>(
         &self,
         subject: String,
@@ -272,12 +292,11 @@ impl Bus {
             })
     }
 
-    /// Publishes `msg` and waits until the server confirms it: stored by a stream that captures
-    /// the subject, or (no stream does) handed to its subscribers. Unlike [`Bus::publish_fast`]
-    /// and a flush, the confirmation comes after a capturing stream stored the message.
+    /// Publishes `msg` on a subject a stream captures (in `encoding`) and waits until the stream
+    /// stored it; see [`Bus::publish_durable`] for the retries.
     ///
     /// # Errors
-    /// [`BusError::Publish`] when the server does not confirm it.
+    /// [`BusError::Publish`] when no stream stored it before `publish_retry_ms` passed.
     pub async fn publish_confirmed<T: prost::Message + Serialize>(
         &self,
         subject: String,
@@ -288,35 +307,74 @@ impl Bus {
         let mut publish = Publish::build()
             .payload(Bytes::from(agentloop_proto::encode(msg, encoding)))
             .headers(wire_headers(encoding));
-        // A retry after a lost confirmation carries the same id, so a capturing stream keeps
-        // one copy.
+        // A retry after a lost confirmation carries the same id, so the stream keeps one copy.
         if let Some(id) = msg_id {
             publish = publish.message_id(id);
         }
-        match self.send_confirmed(&subject, publish).await {
-            Ok(()) => Ok(()),
-            // No stream captures the subject: the server took it and passed it on as a
-            // plain message, which is all a plain subscriber can get.
-            Err(e)
-                if e.kind() == async_nats::jetstream::context::PublishErrorKind::StreamNotFound =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(publish_error(&subject, &e)),
+        self.send_confirmed(&subject, publish)
+            .await
+            .map_err(|e| publish_error(&subject, &e))
+    }
+
+    /// Returns the stream that captures `subject`, `None` when the server says none does.
+    ///
+    /// # Errors
+    /// [`BusError::Publish`] when the server cannot say (a lost answer, no meta leader): the
+    /// caller must not take that for "no stream".
+    pub async fn capturing_stream(&self, subject: &str) -> Result<Option<String>, BusError> {
+        use async_nats::jetstream::context::GetStreamByNameErrorKind;
+        match self.js.stream_by_subject(subject).await {
+            Ok(name) => Ok(Some(name)),
+            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => Ok(None),
+            Err(e) => Err(publish_error(subject, &e)),
         }
     }
 
-    /// Publishes through JetStream and waits for the server's answer.
+    /// Publishes through JetStream until a stream stores the message. "No responders" (what a
+    /// stream without a leader answers during a cluster election, and a missing stream too),
+    /// a lost answer and a broken connection are retried with backoff for `publish_retry_ms`;
+    /// the message id makes a retry of a stored message a duplicate the stream drops. Whether
+    /// a stream should capture the subject is the caller's knowledge, never inferred from a
+    /// "no responders": taking that for "nothing to store" lost replies in a failover.
     async fn send_confirmed(
         &self,
         subject: &str,
         publish: Publish,
     ) -> Result<(), async_nats::jetstream::context::PublishError> {
-        self.js
-            .send_publish(subject.to_owned(), publish)
-            .await?
-            .await?;
-        Ok(())
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.config.publish_retry_ms);
+        let mut delay = Duration::from_millis(50);
+        let mut attempt = 1_u32;
+        loop {
+            let sent = match self
+                .js
+                .send_publish(subject.to_owned(), publish.clone())
+                .await
+            {
+                Ok(ack) => ack.await.map(drop),
+                Err(e) => Err(e),
+            };
+            let err = match sent {
+                Ok(()) => {
+                    if attempt > 1 {
+                        tracing::info!(subject, attempt, "stream stored the message after retries");
+                    }
+                    return Ok(());
+                }
+                Err(err) => err,
+            };
+            let now = tokio::time::Instant::now();
+            if !publish_retryable(err.kind()) || now + delay > deadline {
+                if publish_retryable(err.kind()) {
+                    tracing::error!(subject, attempt, error = %err, "gave up publishing: no stream stored the message in time");
+                }
+                return Err(err);
+            }
+            tracing::warn!(subject, attempt, error = %err, retry_in_ms = delay.as_millis() as u64, "stream did not store the message, retrying");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+            attempt += 1;
+        }
     }
 
     /// Emits a run event (fire and forget: events are for watching, the transcript is the record).
@@ -391,6 +449,30 @@ impl Bus {
     }
 }
 
+/// Whether a stream already has the settings agentloop gives it (the server fills in others).
+fn stream_settings_match(
+    current: &jetstream::stream::Config,
+    wanted: &jetstream::stream::Config,
+) -> bool {
+    current.subjects == wanted.subjects
+        && current.retention == wanted.retention
+        && current.storage == wanted.storage
+        && current.max_age == wanted.max_age
+        && current.max_bytes == wanted.max_bytes
+        && current.duplicate_window == wanted.duplicate_window
+        && current.num_replicas == wanted.num_replicas
+}
+
+/// Whether a failed JetStream publish may succeed if sent again: the stream had no leader or
+/// the answer was lost. A refusal by the stream (limits, a wrong expected sequence) is final.
+fn publish_retryable(kind: async_nats::jetstream::context::PublishErrorKind) -> bool {
+    use async_nats::jetstream::context::PublishErrorKind as Kind;
+    matches!(
+        kind,
+        Kind::StreamNotFound | Kind::TimedOut | Kind::BrokenPipe | Kind::MaxAckPending
+    )
+}
+
 /// Headers of every payload agentloop publishes: its encoding and the current trace.
 fn wire_headers(encoding: Encoding) -> HeaderMap {
     let mut headers = HeaderMap::new();
@@ -458,6 +540,16 @@ mod tests {
         assert!(version_at_least("2.11.0", (2, 11)));
         assert!(version_at_least("2.15.1", (2, 11)));
         assert!(version_at_least("3.0.0-beta", (2, 11)));
+    }
+
+    #[test]
+    fn only_a_missing_leader_or_a_lost_answer_is_retried() {
+        use async_nats::jetstream::context::PublishErrorKind as Kind;
+        assert!(publish_retryable(Kind::StreamNotFound));
+        assert!(publish_retryable(Kind::TimedOut));
+        assert!(publish_retryable(Kind::BrokenPipe));
+        assert!(!publish_retryable(Kind::WrongLastSequence));
+        assert!(!publish_retryable(Kind::Other));
     }
 
     #[test]

@@ -4,11 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use tokio::sync::Semaphore;
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, StreamKind, error_chain};
+use agentloop_bus::{Bus, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Counter, Health};
 use agentloop_proto::{Encoding, v1::OutboundMessage};
 
@@ -34,6 +33,8 @@ struct Ctx {
     dead_lettered: Counter,
     /// Acks of handled messages, sent in batches.
     acks: agentloop_bus::Acks,
+    /// How long a failed delivery is retried before the message is handed back to the server.
+    retry_in_place: Duration,
 }
 
 pub(crate) async fn serve(
@@ -55,6 +56,7 @@ pub(crate) async fn serve(
         recent: std::sync::Mutex::new(Recent::default()),
         captured: std::sync::Mutex::new(std::collections::HashMap::new()),
         max_deliver: config.bus.max_deliver,
+        retry_in_place: Duration::from_millis(config.bus.publish_retry_ms),
         delivered: health.counter("agentloop_delivery_delivered_total", "Replies delivered."),
         suppressed: health.counter(
             "agentloop_delivery_suppressed_total",
@@ -65,8 +67,16 @@ pub(crate) async fn serve(
             "Outbound messages dead-lettered.",
         ),
     });
-    let slots = Arc::new(Semaphore::new(config.delivery.concurrency.max(1)));
-    let tracker = TaskTracker::new();
+    // A session's replies go out in the order the runner published them, also when one of them
+    // must wait for a stream leader: later replies of the session wait behind it.
+    let handler_ctx = ctx.clone();
+    let mut in_order = InOrder::new(
+        config.delivery.concurrency,
+        move |(msg, outbound): (jetstream::Message, OutboundMessage)| {
+            let ctx = handler_ctx.clone();
+            async move { deliver_one(&ctx, msg, outbound).await }
+        },
+    );
     ready.set(true);
     tracing::info!("delivery consuming outbound messages");
     loop {
@@ -74,38 +84,37 @@ pub(crate) async fn serve(
             () = shutdown.cancelled() => break,
             msg = messages.next() => msg,
         };
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            break;
+        let outbound = match agentloop_bus::decode::<OutboundMessage>(&msg) {
+            Ok((outbound, _)) => outbound,
+            Err(err) => {
+                ctx.dead_lettered.inc();
+                dead_letter(&ctx, &msg, &error_chain(&err)).await;
+                continue;
+            }
         };
-        let ctx = ctx.clone();
-        tracker.spawn(async move {
-            deliver_one(&ctx, msg).await;
-            drop(permit);
-        });
+        let key = if outbound.session_id.is_empty() {
+            outbound.session_key.clone()
+        } else {
+            outbound.session_id.clone()
+        };
+        // Waiting for a free slot must not hold up a stop: an unacknowledged message comes again.
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = in_order.push(&key, (msg, outbound)) => {}
+        }
     }
     ready.set(false);
-    tracker.close();
-    tracker.wait().await;
+    in_order.finish().await;
     // The last handle to the acks: the delivered messages' acks are sent before delivery stops.
     drop(ctx);
     let _ = acks_sent.await;
     Ok(())
 }
 
-async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
-    let span = tracing::info_span!("deliver", subject = %msg.subject, run_id = tracing::field::Empty, session_key = tracing::field::Empty);
+async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessage) {
+    let span = tracing::info_span!("deliver", subject = %msg.subject, run_id = %outbound.run_id, session_key = %outbound.session_key);
     agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
     async {
-        let outbound = match agentloop_bus::decode::<OutboundMessage>(&msg) {
-            Ok((outbound, _)) => outbound,
-            Err(err) => {
-                ctx.dead_lettered.inc();
-                dead_letter(ctx, &msg, &error_chain(&err)).await;
-                return;
-            }
-        };
-        tracing::Span::current().record("run_id", outbound.run_id.as_str());
-        tracing::Span::current().record("session_key", outbound.session_key.as_str());
         let key = (outbound.r#final && !outbound.run_id.is_empty())
             .then(|| format!("{}:{}", outbound.run_id, outbound.error.is_empty()));
         if let Some(key) = &key
@@ -115,7 +124,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
             ctx.acks.ack(msg);
             return;
         }
-        match deliver(ctx, &outbound).await {
+        match deliver_retrying(ctx, &msg, &outbound).await {
             Ok(()) => {
                 // Delivered means confirmed by the server (see `deliver`), so only now does the
                 // reply count as delivered for absorbing a redelivery.
@@ -137,6 +146,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
                     )
                     .await;
                 } else {
+                    // Never acked when not delivered: the server hands it out again.
                     tracing::warn!(reason, delivered, "delivery failed, will retry");
                     let _ = msg
                         .ack_with(AckKind::Nak(Some(Duration::from_millis(
@@ -149,6 +159,34 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message) {
     }
     .instrument(span)
     .await;
+}
+
+/// Delivers, trying again in place while the failure looks passing (a stream electing a
+/// leader answers nothing for seconds), so the session's later replies keep waiting behind
+/// this one instead of overtaking it. The message's ack deadline is pushed back meanwhile.
+async fn deliver_retrying(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    outbound: &OutboundMessage,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + ctx.retry_in_place;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match deliver(ctx, outbound).await {
+            Ok(()) => return Ok(()),
+            Err(reason) if tokio::time::Instant::now() + delay < deadline => {
+                tracing::warn!(
+                    reason,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "delivery failed, retrying"
+                );
+                let _ = msg.ack_with(AckKind::Progress).await;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Err(reason) => return Err(reason),
+        }
+    }
 }
 
 async fn dead_letter(ctx: &Ctx, msg: &jetstream::Message, reason: &str) {
@@ -211,7 +249,12 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
     let handled = outbound.metadata.contains_key("deliveredByTool")
         || outbound.metadata.contains_key("suppressed");
     // A request/reply caller always gets an answer, even an empty one, so it never hangs.
-    if outbound.r#final && !outbound.reply_subject.is_empty() {
+    let reply_subject = &outbound.reply_subject;
+    if !reply_subject.is_empty() && !ctx.bus.subjects().is_reply_subject(reply_subject) {
+        // A forged reply subject (an inbound or another user's) gets nothing: answering there
+        // would feed the reply back in as input or hand it to someone else.
+        tracing::warn!(reply_subject = %reply_subject, "reply subject is not a private reply subject, not answered on");
+    } else if outbound.r#final && !reply_subject.is_empty() {
         let mut answer = outbound.clone();
         if silent {
             answer.text.clear();
@@ -238,7 +281,7 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
         .deliver(&outbound.channel, &outbound.session_id);
     // Confirmed by the server, so a reply lost with a dying connection is redelivered rather
     // than counted as delivered (and a stream capturing the channel has it stored).
-    if captured(ctx, &outbound.channel).await {
+    if captured(ctx, &outbound.channel).await? {
         // A stream keeps this channel's deliveries: stored means delivered, and a retry after
         // a lost confirmation carries the same id, so the stream keeps one copy.
         let msg_id = (outbound.r#final && !outbound.run_id.is_empty())
@@ -263,21 +306,33 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
     Ok(())
 }
 
-/// Returns whether a JetStream stream captures the channel's delivery subjects.
-async fn captured(ctx: &Ctx, channel: &str) -> bool {
+/// Returns whether a JetStream stream captures the channel's delivery subjects, as the
+/// streams' configuration says. A server that cannot answer is an error, never "no stream":
+/// delivering as a plain message then would count a reply as delivered that no stream kept.
+async fn captured(ctx: &Ctx, channel: &str) -> Result<bool, String> {
     const RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
     if let Ok(cache) = ctx.captured.lock()
         && let Some((at, captured)) = cache.get(channel)
         && at.elapsed() < RECHECK
     {
-        return *captured;
+        return Ok(*captured);
     }
     let probe = ctx.bus.subjects().deliver(channel, "probe");
-    let captured = ctx.bus.jetstream().stream_by_subject(probe).await.is_ok();
+    let captured = ctx
+        .bus
+        .capturing_stream(&probe)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot tell whether a stream keeps {channel} deliveries: {}",
+                error_chain(&e)
+            )
+        })?
+        .is_some();
     if let Ok(mut cache) = ctx.captured.lock() {
         cache.insert(channel.to_owned(), (std::time::Instant::now(), captured));
     }
-    captured
+    Ok(captured)
 }
 
 #[cfg(test)]

@@ -3,9 +3,11 @@
 //! `wait_until` so tests never sleep-and-hope. For chaos tests: a private Postgres server that
 //! can be stopped and restarted, and services as real processes that can be killed.
 
+mod cluster;
 mod postgres;
 mod process;
 
+pub use cluster::NatsCluster;
 pub use postgres::{PrivatePostgres, postgres_bin_dir};
 pub use process::{ServiceProcess, http_status};
 

@@ -36,7 +36,8 @@ impl ServiceProcess {
             uuid::Uuid::new_v4().simple()
         ));
         let file = std::fs::File::create(&log)?;
-        let admin_key = if service == "gateway" {
+        // In `all` mode the gateway's address serves the admin endpoints of the whole process.
+        let admin_key = if service == "gateway" || service == "all" {
             "AGENTLOOP_GATEWAY__LISTEN".to_owned()
         } else {
             format!("AGENTLOOP_{}__ADMIN_LISTEN", service.to_ascii_uppercase())

@@ -1,0 +1,3 @@
+//! Helpers shared by the fault tests.
+
+pub mod history;
