@@ -15,6 +15,10 @@ pub struct BusConfig {
     pub prefix: String,
     /// Connection timeout.
     pub connect_timeout_ms: u64,
+    /// How long a JetStream request (a publish's acknowledgement, a stream or consumer call)
+    /// waits for its answer before it is retried. Short, because a request that reached a node
+    /// as it died is never answered, and every second of it is a second of paused replies.
+    pub request_timeout_ms: u64,
     /// How long a publish to a stream is retried while the stream cannot store it (no leader
     /// during a cluster election, a server restarting) before the caller is told it failed.
     pub publish_retry_ms: u64,
@@ -50,6 +54,7 @@ impl Default for BusConfig {
             urls: Vec::new(),
             prefix: "agentloop".to_owned(),
             connect_timeout_ms: 2_000,
+            request_timeout_ms: 2_000,
             // A JetStream leader election takes 1-6 s; a restarted single server a few more.
             publish_retry_ms: 30_000,
             replicas: 1,

@@ -84,7 +84,8 @@ impl Bus {
                 version,
             });
         }
-        let js = jetstream::new(client.clone());
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(Duration::from_millis(config.request_timeout_ms));
         let bus = Self {
             client,
             connections,
@@ -153,26 +154,44 @@ impl Bus {
     /// [`BusError::Stream`] when the server refuses a stream.
     pub async fn ensure_streams(&self) -> Result<(), BusError> {
         for kind in StreamKind::ALL {
-            let wanted = self.stream_config(kind);
-            let name = wanted.name.clone();
-            let stream_err = |source| BusError::Stream {
-                name: name.clone(),
-                source: Box::new(source),
-            };
-            match self.js.get_stream(&name).await {
-                // The lookup answered with the stream's current settings.
-                Ok(stream) => {
-                    if !stream_settings_match(&stream.cached_info().config, &wanted) {
-                        tracing::info!(stream = %name, "stream settings differ, updating");
-                        self.js.update_stream(wanted).await.map_err(stream_err)?;
+            let deadline =
+                tokio::time::Instant::now() + Duration::from_millis(self.config.publish_retry_ms);
+            // A request lost to a node that died, or a cluster still electing its leaders, is
+            // asked again rather than failing the whole connection.
+            loop {
+                match self.ensure_stream(kind).await {
+                    Ok(()) => break,
+                    Err(err) if tokio::time::Instant::now() < deadline => {
+                        tracing::warn!(error = %error_chain(&err), "stream not ready yet, checking again");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
                     }
+                    Err(err) => return Err(err),
                 }
-                Err(_) => {
-                    self.js
-                        .create_or_update_stream(wanted)
-                        .await
-                        .map_err(stream_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn ensure_stream(&self, kind: StreamKind) -> Result<(), BusError> {
+        let wanted = self.stream_config(kind);
+        let name = wanted.name.clone();
+        let stream_err = |source| BusError::Stream {
+            name: name.clone(),
+            source: Box::new(source),
+        };
+        match self.js.get_stream(&name).await {
+            // The lookup answered with the stream's current settings.
+            Ok(stream) => {
+                if !stream_settings_match(&stream.cached_info().config, &wanted) {
+                    tracing::info!(stream = %name, "stream settings differ, updating");
+                    self.js.update_stream(wanted).await.map_err(stream_err)?;
                 }
+            }
+            Err(_) => {
+                self.js
+                    .create_or_update_stream(wanted)
+                    .await
+                    .map_err(stream_err)?;
             }
         }
         Ok(())
