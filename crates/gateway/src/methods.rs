@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use agentloop_proto::v1::{
-    ControlMessage, GetDispatchRequest, GetHistoryRequest, ListSessionsRequest,
-    PatchSessionRequest, ResetSessionRequest, ResolveSessionRequest, SessionInfo, SystemEvent,
+    ControlMessage, GetDispatchRequest, ListSessionsRequest, PatchSessionRequest,
+    ResetSessionRequest, ResolveSessionRequest, SessionInfo, SystemEvent,
 };
 
 use crate::RequestError;
@@ -34,8 +34,6 @@ pub(crate) const METHODS: [&str; 9] = [
 
 /// `agent.wait` waits this long when the client names no `timeoutMs`.
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
-/// `chat.history` returns this many entries when the client names no `limit`.
-const DEFAULT_HISTORY: u32 = 200;
 /// The channel of messages sent over `/ws`.
 const CHANNEL: &str = "webchat";
 
@@ -52,7 +50,7 @@ pub(crate) async fn call(
         "chat.send" => return chat_send(state, &id, params, &out_tx).await,
         "agent.wait" => agent_wait(state, params).await,
         "chat.abort" => chat_abort(state, params).await,
-        "chat.history" => chat_history(state, params).await,
+        "chat.history" => crate::history::chat_history(state, params).await,
         "sessions.list" => sessions_list(state, params).await,
         "sessions.reset" => sessions_reset(state, params).await,
         "sessions.patch" => sessions_patch(state, params).await,
@@ -65,7 +63,48 @@ pub(crate) async fn call(
     let _ = out_tx.send(frame).await;
 }
 
-fn parse<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RequestError> {
+/// Refuses a NUL in an identifier: Postgres text cannot hold one, and the storage error it
+/// would cause looks retryable when the request never can succeed.
+///
+/// # Errors
+/// [`RequestError::InvalidRequest`] naming the field.
+pub(crate) fn no_nul(field: &str, value: &str) -> Result<(), RequestError> {
+    if value.contains('\0') {
+        return Err(RequestError::InvalidRequest(format!(
+            "{field} must not contain a NUL character"
+        )));
+    }
+    Ok(())
+}
+
+/// Reads a client's run timeout: `timeoutMs` wins over `timeout` (seconds); none (or a zero
+/// `timeout`) is the configured default; longer than `gateway.max_timeout_ms` is cut to it.
+///
+/// # Errors
+/// [`RequestError::InvalidRequest`] for a negative or non-finite `timeout`.
+fn client_timeout(
+    state: &AppState,
+    secs: Option<f64>,
+    ms: Option<u64>,
+) -> Result<Duration, RequestError> {
+    let max = state.max_timeout();
+    let asked = match (ms, secs) {
+        (Some(ms), _) => Duration::from_millis(ms),
+        (None, Some(secs)) if !secs.is_finite() || secs < 0.0 => {
+            return Err(RequestError::InvalidRequest(format!(
+                "timeout must be a non-negative number of seconds, got {secs}"
+            )));
+        }
+        (None, Some(secs)) if secs > 0.0 => {
+            // Past `max` (which also keeps the conversion from overflowing) it is `max`.
+            Duration::try_from_secs_f64(secs).unwrap_or(max)
+        }
+        _ => state.run_timeout(),
+    };
+    Ok(asked.min(max))
+}
+
+pub(crate) fn parse<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RequestError> {
     let params = if params.is_null() { json!({}) } else { params };
     serde_json::from_value(params)
         .map_err(|e| RequestError::InvalidRequest(format!("invalid params for {method}: {e}")))
@@ -102,6 +141,16 @@ struct AgentParams {
 
 fn submission(state: &AppState, method: &str, params: Value) -> Result<Submission, RequestError> {
     let p: AgentParams = parse(method, params)?;
+    for (field, value) in [
+        ("sessionKey", p.session_key.as_deref()),
+        ("idempotencyKey", p.idempotency_key.as_deref()),
+        ("agentId", p.agent_id.as_deref()),
+        ("senderId", p.sender_id.as_deref()),
+        ("model", p.model.as_deref()),
+        ("queueMode", p.queue_mode.as_deref()),
+    ] {
+        no_nul(field, value.unwrap_or_default())?;
+    }
     if p.message.trim().is_empty() {
         return Err(RequestError::InvalidRequest("message is required".into()));
     }
@@ -114,11 +163,7 @@ fn submission(state: &AppState, method: &str, params: Value) -> Result<Submissio
         }
         metadata.insert("model".to_owned(), model);
     }
-    let timeout = match (p.timeout_ms, p.timeout) {
-        (Some(ms), _) => Duration::from_millis(ms),
-        (None, Some(secs)) if secs.is_finite() && secs > 0.0 => Duration::from_secs_f64(secs),
-        _ => state.run_timeout(),
-    };
+    let timeout = client_timeout(state, p.timeout, p.timeout_ms)?;
     Ok(Submission {
         session_key: p
             .session_key
@@ -310,7 +355,11 @@ struct WaitParams {
 
 async fn agent_wait(state: &AppState, params: Value) -> Result<Value, RequestError> {
     let p: WaitParams = parse("agent.wait", params)?;
-    let timeout = p.timeout_ms.map_or(DEFAULT_WAIT, Duration::from_millis);
+    no_nul("runId", &p.run_id)?;
+    let timeout = p
+        .timeout_ms
+        .map_or(DEFAULT_WAIT, Duration::from_millis)
+        .min(state.max_timeout());
     let finished = dispatch::wait(&state.sessions, &p.run_id, Instant::now() + timeout).await?;
     let mut payload = json!({
         "runId": p.run_id,
@@ -337,12 +386,29 @@ struct SessionParams {
     agent_id: Option<String>,
 }
 
-async fn session_id(state: &AppState, key: &str, agent_id: &str) -> Result<String, RequestError> {
+impl SessionParams {
+    fn check(self) -> Result<Self, RequestError> {
+        no_nul("runId", self.run_id.as_deref().unwrap_or_default())?;
+        no_nul("agentId", self.agent_id.as_deref().unwrap_or_default())?;
+        Ok(self)
+    }
+}
+
+/// Resolves a session key to its id.
+///
+/// # Errors
+/// [`RequestError::InvalidRequest`] for an empty key or one with a NUL, else memory's error.
+pub(crate) async fn session_id(
+    state: &AppState,
+    key: &str,
+    agent_id: &str,
+) -> Result<String, RequestError> {
     if key.is_empty() {
         return Err(RequestError::InvalidRequest(
             "sessionKey is required".into(),
         ));
     }
+    no_nul("sessionKey", key)?;
     let session = state
         .sessions
         .clone()
@@ -358,7 +424,7 @@ async fn session_id(state: &AppState, key: &str, agent_id: &str) -> Result<Strin
 
 /// `chat.abort`: asks the session's owner to stop its live run.
 async fn chat_abort(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse("chat.abort", params)?;
+    let p: SessionParams = parse::<SessionParams>("chat.abort", params)?.check()?;
     let session_id = match p.run_id.as_deref().filter(|r| !r.is_empty()) {
         Some(run_id) => {
             let record = state
@@ -393,30 +459,6 @@ async fn chat_abort(state: &AppState, params: Value) -> Result<Value, RequestErr
     Ok(json!({"status": "abort-requested", "sessionId": session_id, "runId": p.run_id}))
 }
 
-async fn chat_history(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse("chat.history", params)?;
-    let session_id = session_id(state, &p.session_key, "").await?;
-    let history = state
-        .sessions
-        .clone()
-        .get_history(GetHistoryRequest {
-            session_id: session_id.clone(),
-            limit: p.limit.unwrap_or(DEFAULT_HISTORY),
-        })
-        .await?
-        .into_inner();
-    let messages: Vec<Value> = history
-        .entries
-        .into_iter()
-        .map(|e| {
-            json!({"role": e.role, "content": e.content, "runId": e.run_id,
-                   "toolName": e.tool_name, "toolCallId": e.tool_call_id,
-                   "ts": e.created_at.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))})
-        })
-        .collect();
-    Ok(json!({"sessionKey": p.session_key, "sessionId": session_id, "messages": messages}))
-}
-
 fn session_json(s: SessionInfo) -> Value {
     let ms = |t: Option<pbjson_types::Timestamp>| {
         t.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))
@@ -430,7 +472,7 @@ fn session_json(s: SessionInfo) -> Value {
 }
 
 async fn sessions_list(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse("sessions.list", params)?;
+    let p: SessionParams = parse::<SessionParams>("sessions.list", params)?.check()?;
     let list = state
         .sessions
         .clone()
@@ -445,7 +487,7 @@ async fn sessions_list(state: &AppState, params: Value) -> Result<Value, Request
 }
 
 async fn sessions_reset(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse("sessions.reset", params)?;
+    let p: SessionParams = parse::<SessionParams>("sessions.reset", params)?.check()?;
     session_id(state, &p.session_key, "").await?;
     let session = state
         .sessions
