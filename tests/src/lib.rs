@@ -8,6 +8,8 @@ mod foundation;
 #[cfg(test)]
 mod gateway;
 #[cfg(test)]
+mod gateway_attacks;
+#[cfg(test)]
 mod harness;
 #[cfg(test)]
 mod recovery;
