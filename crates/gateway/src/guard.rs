@@ -278,7 +278,11 @@ pub(crate) async fn check_headers(
     next: Next,
 ) -> Response {
     let headers = request.headers();
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    // HTTP/2 names the host in the URI (`:authority`) instead of a header.
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
     if let Some(host) = host
         && !guard.host_allowed(host)
     {
