@@ -10,6 +10,8 @@ mod gateway;
 #[cfg(test)]
 mod gateway_attacks;
 #[cfg(test)]
+mod gateway_exhaustion;
+#[cfg(test)]
 mod harness;
 #[cfg(test)]
 mod recovery;

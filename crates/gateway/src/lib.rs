@@ -14,6 +14,7 @@ mod http;
 mod limits;
 mod methods;
 mod openai;
+mod params;
 mod ws;
 
 pub use agentloop_lifecycle::MemoryEndpoint;

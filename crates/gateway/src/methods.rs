@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, de::DeserializeOwned};
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -17,6 +17,7 @@ use agentloop_proto::v1::{
 use crate::RequestError;
 use crate::dispatch::{self, Finished, Submission};
 use crate::http::AppState;
+use crate::params::{client_timeout, no_nul, parse, present};
 use crate::ws::{Outgoing, err, ok};
 
 /// Every method, as `connect` announces them.
@@ -61,58 +62,6 @@ pub(crate) async fn call(
         Err(error) => err(&id, &error),
     };
     let _ = out_tx.send(frame).await;
-}
-
-/// Refuses a NUL in an identifier: Postgres text cannot hold one, and the storage error it
-/// would cause looks retryable when the request never can succeed.
-///
-/// # Errors
-/// [`RequestError::InvalidRequest`] naming the field.
-pub(crate) fn no_nul(field: &str, value: &str) -> Result<(), RequestError> {
-    if value.contains('\0') {
-        return Err(RequestError::InvalidRequest(format!(
-            "{field} must not contain a NUL character"
-        )));
-    }
-    Ok(())
-}
-
-/// Reads a client's run timeout: `timeoutMs` wins over `timeout` (seconds); none (or a zero
-/// `timeout`) is the configured default; longer than `gateway.max_timeout_ms` is cut to it.
-///
-/// # Errors
-/// [`RequestError::InvalidRequest`] for a negative or non-finite `timeout`.
-fn client_timeout(
-    state: &AppState,
-    secs: Option<f64>,
-    ms: Option<u64>,
-) -> Result<Duration, RequestError> {
-    let max = state.max_timeout();
-    let asked = match (ms, secs) {
-        (Some(ms), _) => Duration::from_millis(ms),
-        (None, Some(secs)) if !secs.is_finite() || secs < 0.0 => {
-            return Err(RequestError::InvalidRequest(format!(
-                "timeout must be a non-negative number of seconds, got {secs}"
-            )));
-        }
-        (None, Some(secs)) if secs > 0.0 => {
-            // Past `max` (which also keeps the conversion from overflowing) it is `max`.
-            Duration::try_from_secs_f64(secs).unwrap_or(max)
-        }
-        _ => state.run_timeout(),
-    };
-    Ok(asked.min(max))
-}
-
-pub(crate) fn parse<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RequestError> {
-    let params = if params.is_null() { json!({}) } else { params };
-    serde_json::from_value(params)
-        .map_err(|e| RequestError::InvalidRequest(format!("invalid params for {method}: {e}")))
-}
-
-/// Tells "absent" (`None`) from `null` (`Some(None)`).
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
-    Option::<String>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]

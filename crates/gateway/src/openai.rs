@@ -198,7 +198,7 @@ async fn complete(
     let session_key = header("x-session-key")
         .or(request.user.filter(|u| !u.is_empty()))
         .unwrap_or_else(|| format!("openai:{}", agentloop_bus::nuid()));
-    crate::methods::no_nul("user", &session_key)?;
+    crate::params::no_nul("user", &session_key)?;
     let submission = Submission {
         session_key,
         text,
