@@ -16,20 +16,24 @@ use crate::harness::{Sandbox, SandboxOptions};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-type Socket =
+pub(crate) type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A WebSocket client of the gateway protocol that keeps the events it reads on the way.
-struct Client {
-    ws: Socket,
-    next_id: u64,
-    events: Vec<Value>,
+pub(crate) struct Client {
+    pub(crate) ws: Socket,
+    pub(crate) next_id: u64,
+    pub(crate) events: Vec<Value>,
 }
 
 impl Client {
-    async fn open(sandbox: &Sandbox) -> anyhow::Result<Self> {
-        let (ws, _) =
-            tokio_tungstenite::connect_async(format!("ws://{}/ws", sandbox.gateway_addr)).await?;
+    pub(crate) async fn open(sandbox: &Sandbox) -> anyhow::Result<Self> {
+        Self::open_at(sandbox.gateway_addr).await
+    }
+
+    /// Opens `/ws` of the gateway at `addr`.
+    pub(crate) async fn open_at(addr: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws")).await?;
         Ok(Self {
             ws,
             next_id: 1,
@@ -37,8 +41,16 @@ impl Client {
         })
     }
 
-    async fn connected(sandbox: &Sandbox, token: Option<&str>) -> anyhow::Result<Self> {
-        let mut client = Self::open(sandbox).await?;
+    pub(crate) async fn connected(sandbox: &Sandbox, token: Option<&str>) -> anyhow::Result<Self> {
+        Self::connected_at(sandbox.gateway_addr, token).await
+    }
+
+    /// Opens `/ws` of the gateway at `addr` and completes `connect`, once memory answers.
+    pub(crate) async fn connected_at(
+        addr: std::net::SocketAddr,
+        token: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let mut client = Self::open_at(addr).await?;
         let hello = client
             .call("connect", json!({"auth": {"token": token}}))
             .await?;
@@ -60,7 +72,7 @@ impl Client {
         Ok(client)
     }
 
-    async fn send(&mut self, method: &str, params: Value) -> anyhow::Result<String> {
+    pub(crate) async fn send(&mut self, method: &str, params: Value) -> anyhow::Result<String> {
         let id = self.next_id.to_string();
         self.next_id += 1;
         let frame = json!({"type": "req", "id": id, "method": method, "params": params});
@@ -69,7 +81,7 @@ impl Client {
     }
 
     /// Returns the next frame, or `None` when the server closed (with its close frame's reason).
-    async fn frame(&mut self) -> anyhow::Result<Result<Value, (u16, String)>> {
+    pub(crate) async fn frame(&mut self) -> anyhow::Result<Result<Value, (u16, String)>> {
         loop {
             let msg = tokio::time::timeout(WAIT, self.ws.next())
                 .await
@@ -88,7 +100,7 @@ impl Client {
     }
 
     /// Reads until the response to `id`, keeping events.
-    async fn response(&mut self, id: &str) -> anyhow::Result<Value> {
+    pub(crate) async fn response(&mut self, id: &str) -> anyhow::Result<Value> {
         loop {
             let frame = match self.frame().await? {
                 Ok(frame) => frame,
@@ -102,13 +114,13 @@ impl Client {
         }
     }
 
-    async fn call(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
         let id = self.send(method, params).await?;
         self.response(&id).await
     }
 }
 
-async fn runs_of(sandbox: &Sandbox, session_key: &str) -> anyhow::Result<i64> {
+pub(crate) async fn runs_of(sandbox: &Sandbox, session_key: &str) -> anyhow::Result<i64> {
     let pool = sandbox.pool().await?;
     let row = sqlx::query(
         "SELECT count(*) AS n FROM runs r JOIN sessions s ON s.id = r.session_id WHERE s.key = $1",
@@ -490,20 +502,24 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
         .await
         .unwrap();
     let authorized = |request: reqwest::RequestBuilder| request.bearer_auth("tok").send();
-    // As `curl -d` sends it: labelled a form.
-    let form_labelled: Value = authorized(
+    // As `curl -d` sends it without `-H 'content-type: application/json'`: labelled a form,
+    // which a cross-site page may send too, so it is refused however JSON its body.
+    let form_labelled = authorized(
         http.post(&url)
             .header("content-type", "application/x-www-form-urlencoded")
             .body(r#"{"model": "agentloop", "user": "curl:carol", "messages": [{"role": "user", "content": "from curl"}]}"#),
     )
     .await
-    .unwrap()
-    .json()
+    .unwrap();
+    let form_status = form_labelled.status();
+    let form_labelled: Value = form_labelled.json().await.unwrap();
+    let not_json = authorized(
+        http.post(&url)
+            .header("content-type", "application/json")
+            .body("model=agentloop"),
+    )
     .await
     .unwrap();
-    let not_json = authorized(http.post(&url).body("model=agentloop"))
-        .await
-        .unwrap();
     let not_json_status = not_json.status();
     let not_json: Value = not_json.json().await.unwrap();
     let models: Value = http
@@ -536,8 +552,12 @@ async fn chat_completions_answer_plain_and_streamed_with_bearer_auth() {
     assert_eq!(content, "echo: streamed words here");
     assert!(chunks >= 2, "expected several chunks: {streamed}");
     assert!(done);
-    assert_eq!(
-        form_labelled["choices"][0]["message"]["content"], "echo: from curl",
+    assert_eq!(form_status, 415);
+    assert!(
+        form_labelled["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Content-Type: application/json"),
         "{form_labelled}"
     );
     assert_eq!(not_json_status, 400);

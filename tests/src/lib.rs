@@ -8,6 +8,10 @@ mod foundation;
 #[cfg(test)]
 mod gateway;
 #[cfg(test)]
+mod gateway_attacks;
+#[cfg(test)]
+mod gateway_exhaustion;
+#[cfg(test)]
 mod harness;
 #[cfg(test)]
 mod recovery;

@@ -63,6 +63,35 @@ pub struct GatewaySettings {
     /// Agents listed by `GET /v1/models` (`main` is `agentloop`, others `agentloop/<id>`).
     #[serde(deserialize_with = "list_or_commas")]
     pub agents: Vec<String>,
+    /// Origins (`https://chat.example.com`) whose pages may use the gateway besides its own
+    /// (an `Origin` equal to `http(s)://<Host>`); `*` allows any. A request without `Origin`
+    /// (not a browser) is not checked.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub allowed_origins: Vec<String>,
+    /// Host names (`chat.example.com`, or `name:port` for one port) the gateway answers to,
+    /// besides `localhost`, IP addresses and the host of `listen`; `*` allows any. A foreign
+    /// `Host` is how DNS rebinding reaches a loopback gateway, so it gets 403.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub allowed_hosts: Vec<String>,
+    /// Addresses or CIDR blocks of reverse proxies whose `X-Forwarded-For` names the client;
+    /// from any other peer that header is ignored.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub trusted_proxies: Vec<String>,
+    /// How long a WebSocket may stay open without completing `connect`.
+    pub connect_timeout_ms: u64,
+    /// WebSockets open at once that have not completed `connect`, over all clients.
+    pub max_unauthenticated: usize,
+    /// WebSockets open at once from one client address.
+    pub max_connections_per_client: usize,
+    /// Failed authentications one client address may make before it is throttled (each
+    /// further failure doubles its wait, up to five minutes).
+    pub auth_failures_allowed: u32,
+    /// The longest run timeout (`timeout`, `timeoutMs`) or `agent.wait` a client may ask for;
+    /// longer ones are cut to it.
+    pub max_timeout_ms: u64,
+    /// Allows the placeholder tokens `CHANGE_ME` and `agentloop-dev-token`, which are refused
+    /// at startup otherwise.
+    pub dev_mode: bool,
 }
 
 impl Default for GatewaySettings {
@@ -78,7 +107,33 @@ impl Default for GatewaySettings {
             rate_limit_per_sec: 20,
             rate_limit_burst: 40,
             agents: vec!["main".to_owned()],
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            trusted_proxies: Vec::new(),
+            connect_timeout_ms: 10_000,
+            max_unauthenticated: 256,
+            max_connections_per_client: 100,
+            auth_failures_allowed: 5,
+            max_timeout_ms: 3_600_000,
+            dev_mode: false,
         }
+    }
+}
+
+/// Tokens that ship in examples and the development setup; a gateway guarded by one of them is
+/// open to anyone who read the README, so it refuses to start unless `dev_mode` is on.
+pub const PLACEHOLDER_TOKENS: [&str; 2] = ["CHANGE_ME", "agentloop-dev-token"];
+
+impl GatewaySettings {
+    /// Returns a configured placeholder token, unless `dev_mode` allows them.
+    pub fn placeholder_token(&self) -> Option<&str> {
+        if self.dev_mode {
+            return None;
+        }
+        self.tokens
+            .iter()
+            .map(String::as_str)
+            .find(|t| PLACEHOLDER_TOKENS.contains(t))
     }
 }
 
@@ -112,6 +167,19 @@ mod tests {
         let commas: GatewaySettings = toml::from_str(r#"tokens = "a, b,""#).unwrap();
         assert_eq!(commas.tokens, ["a", "b"]);
         assert_eq!(commas.agents, ["main"]);
+    }
+
+    #[test]
+    fn placeholder_tokens_are_found_unless_dev_mode_is_on() {
+        let mut settings: GatewaySettings =
+            toml::from_str(r#"tokens = "real, agentloop-dev-token""#).unwrap();
+        assert_eq!(settings.placeholder_token(), Some("agentloop-dev-token"));
+        settings.tokens = vec!["CHANGE_ME".into()];
+        assert_eq!(settings.placeholder_token(), Some("CHANGE_ME"));
+        settings.dev_mode = true;
+        assert_eq!(settings.placeholder_token(), None);
+        settings = GatewaySettings::default();
+        assert_eq!(settings.placeholder_token(), None);
     }
 
     #[test]

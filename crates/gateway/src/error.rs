@@ -33,6 +33,25 @@ pub enum GatewayError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// A token is a placeholder (`CHANGE_ME`, the development token) outside dev mode.
+    #[error(
+        "gateway.tokens holds the placeholder token {token:?}: set a real secret, or \
+         gateway.dev_mode = true (AGENTLOOP_GATEWAY__DEV_MODE=true) for development only"
+    )]
+    PlaceholderToken {
+        /// The placeholder found.
+        token: String,
+    },
+    /// A `[gateway]` setting cannot be read.
+    #[error("invalid gateway.{key} entry {value:?}: {reason}")]
+    InvalidSetting {
+        /// The key.
+        key: &'static str,
+        /// The entry.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 /// Why one client request failed; each maps to a stable error code on the wire.
@@ -55,6 +74,12 @@ pub enum RequestError {
     RateLimited {
         /// The configured rate.
         per_sec: u32,
+    },
+    /// The client address failed authentication too often; it may try again later.
+    #[error("too many failed authentications from this address; retry in {retry_after_ms} ms")]
+    AuthThrottled {
+        /// How long until the next attempt is looked at.
+        retry_after_ms: u64,
     },
     /// The frame is larger than allowed.
     #[error("frame of {size} bytes exceeds the limit of {limit} bytes")]
@@ -80,7 +105,7 @@ impl RequestError {
             Self::Unauthorized(_) => "UNAUTHORIZED",
             Self::InvalidRequest(_) => "INVALID_REQUEST",
             Self::UnknownMethod(_) => "UNKNOWN_METHOD",
-            Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::RateLimited { .. } | Self::AuthThrottled { .. } => "RATE_LIMITED",
             Self::FrameTooLarge { .. } => "FRAME_TOO_LARGE",
             Self::NotFound(_) => "NOT_FOUND",
             Self::Unavailable(_) => "UNAVAILABLE",
@@ -89,7 +114,10 @@ impl RequestError {
 
     /// Returns whether the same request may succeed later.
     pub fn retryable(&self) -> bool {
-        matches!(self, Self::RateLimited { .. } | Self::Unavailable(_))
+        matches!(
+            self,
+            Self::RateLimited { .. } | Self::AuthThrottled { .. } | Self::Unavailable(_)
+        )
     }
 }
 

@@ -1,19 +1,24 @@
 //! The client-facing HTTP routes (`/`, `/ws`, `/v1/...`), their shared state and authentication.
 
-use std::net::SocketAddr;
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::{
     Router,
     http::{HeaderMap, StatusCode, header},
-    response::{Html, IntoResponse},
+    response::{Html, IntoResponse, Response},
     routing::{get, post},
 };
 
 use agentloop_bus::Bus;
 
+use crate::guard::{Guard, page_headers};
+use crate::limits::Limits;
 use crate::{GatewayConfig, RequestError, dispatch::Sessions};
+
+/// The bound on any configured timeout.
+const LONGEST_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// What every client handler shares.
 #[derive(Clone)]
@@ -22,6 +27,10 @@ pub(crate) struct AppState {
     pub(crate) bus: Arc<OnceLock<Bus>>,
     pub(crate) sessions: Sessions,
     pub(crate) config: Arc<GatewayConfig>,
+    /// Header checks and the client address behind trusted proxies.
+    pub(crate) guard: Arc<Guard>,
+    /// Connection caps and the failed-authentication throttle.
+    pub(crate) limits: Limits,
     /// Cancelled on shutdown: open WebSocket connections close.
     pub(crate) shutdown: tokio_util::sync::CancellationToken,
 }
@@ -47,18 +56,37 @@ impl AppState {
         Duration::from_millis(self.config.gateway.dispatch_ttl_ms)
     }
 
-    /// Checks a client's token; with no token configured only loopback clients pass.
+    /// Returns the longest run timeout or wait a client may ask for.
+    pub(crate) fn max_timeout(&self) -> Duration {
+        // A year bounds even a configured maximum, so a deadline computed from it cannot overflow.
+        Duration::from_millis(self.config.gateway.max_timeout_ms).min(LONGEST_TIMEOUT)
+    }
+
+    /// Checks a client's token; with no token configured only loopback clients pass. `client`
+    /// is the client's address (behind a trusted proxy, the one it forwarded). Failures count
+    /// towards the address's throttle.
     ///
     /// # Errors
-    /// [`RequestError::Unauthorized`] with the reason.
+    /// [`RequestError::Unauthorized`] with the reason, [`RequestError::AuthThrottled`] while the
+    /// address waits out its failures.
     pub(crate) fn authorize(
         &self,
-        peer: SocketAddr,
+        client: IpAddr,
         token: Option<&str>,
     ) -> Result<(), RequestError> {
+        self.limits.check_auth(client)?;
+        let checked = self.check_token(client, token);
+        match &checked {
+            Ok(()) => self.limits.auth_succeeded(client),
+            Err(_) => self.limits.auth_failed(client),
+        }
+        checked
+    }
+
+    fn check_token(&self, client: IpAddr, token: Option<&str>) -> Result<(), RequestError> {
         let tokens = &self.config.gateway.tokens;
         if tokens.is_empty() {
-            if peer.ip().is_loopback() {
+            if client.is_loopback() {
                 return Ok(());
             }
             return Err(RequestError::Unauthorized(
@@ -97,6 +125,8 @@ pub(crate) fn routes(state: AppState) -> Router {
     let body_limit = state.config.gateway.max_frame_bytes;
     Router::new()
         .route("/", get(index))
+        .route("/chat.js", get(script))
+        .route("/chat.css", get(style))
         .route("/ws", get(crate::ws::upgrade))
         .route("/v1/models", get(crate::openai::models))
         .route("/v1/chat/completions", post(crate::openai::completions))
@@ -104,12 +134,34 @@ pub(crate) fn routes(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn index() -> impl IntoResponse {
+async fn index() -> Response {
     (
         StatusCode::OK,
-        [(header::CACHE_CONTROL, "no-cache")],
+        page_headers(),
         Html(include_str!("web/index.html")),
     )
+        .into_response()
+}
+
+async fn script() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        include_str!("web/chat.js"),
+    )
+}
+
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", include_str!("web/chat.css"))
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        StatusCode::OK,
+        page_headers(),
+        [(header::CONTENT_TYPE, content_type)],
+        body,
+    )
+        .into_response()
 }
 
 #[cfg(test)]

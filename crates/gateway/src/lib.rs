@@ -8,13 +8,17 @@ mod ask;
 mod config;
 mod dispatch;
 mod error;
+mod guard;
+mod history;
 mod http;
+mod limits;
 mod methods;
 mod openai;
+mod params;
 mod ws;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
-pub use config::{GatewayConfig, GatewaySettings, ModelPolicy};
+pub use config::{GatewayConfig, GatewaySettings, ModelPolicy, PLACEHOLDER_TOKENS};
 pub use error::{GatewayError, RequestError};
 
 use std::net::SocketAddr;
@@ -25,13 +29,18 @@ use agentloop_lifecycle::Health;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Sessions;
+use crate::guard::Guard;
 
 const SERVICE: &str = "gateway";
+/// The largest memory answer the gateway reads. tonic's default (4 MiB) is less than a long
+/// transcript; `chat.history` pages are cut far below this (see `history`).
+const MEMORY_MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// A gateway whose HTTP listener is bound.
 pub struct Gateway {
     listener: tokio::net::TcpListener,
     config: GatewayConfig,
+    guard: Guard,
     health: Health,
     sessions: Sessions,
 }
@@ -41,8 +50,16 @@ impl Gateway {
     /// process in `agentloop all`).
     ///
     /// # Errors
-    /// [`GatewayError::Bind`], or [`GatewayError::MemoryUrl`] for a malformed `[memory] url`.
+    /// [`GatewayError::Bind`], [`GatewayError::MemoryUrl`] for a malformed `[memory] url`,
+    /// [`GatewayError::PlaceholderToken`] for a placeholder token outside dev mode, or
+    /// [`GatewayError::InvalidSetting`].
     pub async fn bind(config: GatewayConfig, health: Health) -> Result<Self, GatewayError> {
+        if let Some(token) = config.gateway.placeholder_token() {
+            return Err(GatewayError::PlaceholderToken {
+                token: token.to_owned(),
+            });
+        }
+        let guard = Guard::new(&config.gateway)?;
         let url = config.memory.url.clone();
         let channel = agentloop_telemetry::traced_channel(&url)
             .map_err(|source| GatewayError::MemoryUrl { url, source })?;
@@ -53,8 +70,9 @@ impl Gateway {
         Ok(Self {
             listener,
             config,
+            guard,
             health,
-            sessions: Sessions::new(channel),
+            sessions: Sessions::new(channel).max_decoding_message_size(MEMORY_MAX_MESSAGE_BYTES),
         })
     }
 
@@ -74,6 +92,7 @@ impl Gateway {
         let Self {
             listener,
             config,
+            guard,
             health,
             sessions,
         } = self;
@@ -85,9 +104,16 @@ impl Gateway {
             bus: bus_cell.clone(),
             sessions,
             config: Arc::new(config.clone()),
+            guard: Arc::new(guard),
+            limits: limits::Limits::new(&config.gateway),
             shutdown: shutdown.clone(),
         };
-        let app = agentloop_lifecycle::admin_routes(health.clone()).merge(http::routes(state));
+        let guard = state.guard.clone();
+        let app = agentloop_lifecycle::admin_routes(health.clone())
+            .merge(http::routes(state))
+            .layer(axum::middleware::from_fn(move |request, next| {
+                guard::check_headers(guard.clone(), request, next)
+            }));
         let http_shutdown = shutdown.clone();
         let http = tokio::spawn(async move {
             // Small frames (a streamed word, a `res`) must leave at once, not wait for Nagle.

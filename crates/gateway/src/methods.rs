@@ -4,19 +4,20 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, de::DeserializeOwned};
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use agentloop_proto::v1::{
-    ControlMessage, GetDispatchRequest, GetHistoryRequest, ListSessionsRequest,
-    PatchSessionRequest, ResetSessionRequest, ResolveSessionRequest, SessionInfo, SystemEvent,
+    ControlMessage, GetDispatchRequest, ListSessionsRequest, PatchSessionRequest,
+    ResetSessionRequest, ResolveSessionRequest, SessionInfo, SystemEvent,
 };
 
 use crate::RequestError;
 use crate::dispatch::{self, Finished, Submission};
 use crate::http::AppState;
+use crate::params::{client_timeout, no_nul, parse, present};
 use crate::ws::{Outgoing, err, ok};
 
 /// Every method, as `connect` announces them.
@@ -34,8 +35,6 @@ pub(crate) const METHODS: [&str; 9] = [
 
 /// `agent.wait` waits this long when the client names no `timeoutMs`.
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
-/// `chat.history` returns this many entries when the client names no `limit`.
-const DEFAULT_HISTORY: u32 = 200;
 /// The channel of messages sent over `/ws`.
 const CHANNEL: &str = "webchat";
 
@@ -52,7 +51,7 @@ pub(crate) async fn call(
         "chat.send" => return chat_send(state, &id, params, &out_tx).await,
         "agent.wait" => agent_wait(state, params).await,
         "chat.abort" => chat_abort(state, params).await,
-        "chat.history" => chat_history(state, params).await,
+        "chat.history" => crate::history::chat_history(state, params).await,
         "sessions.list" => sessions_list(state, params).await,
         "sessions.reset" => sessions_reset(state, params).await,
         "sessions.patch" => sessions_patch(state, params).await,
@@ -63,17 +62,6 @@ pub(crate) async fn call(
         Err(error) => err(&id, &error),
     };
     let _ = out_tx.send(frame).await;
-}
-
-fn parse<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RequestError> {
-    let params = if params.is_null() { json!({}) } else { params };
-    serde_json::from_value(params)
-        .map_err(|e| RequestError::InvalidRequest(format!("invalid params for {method}: {e}")))
-}
-
-/// Tells "absent" (`None`) from `null` (`Some(None)`).
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
-    Option::<String>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -102,6 +90,16 @@ struct AgentParams {
 
 fn submission(state: &AppState, method: &str, params: Value) -> Result<Submission, RequestError> {
     let p: AgentParams = parse(method, params)?;
+    for (field, value) in [
+        ("sessionKey", p.session_key.as_deref()),
+        ("idempotencyKey", p.idempotency_key.as_deref()),
+        ("agentId", p.agent_id.as_deref()),
+        ("senderId", p.sender_id.as_deref()),
+        ("model", p.model.as_deref()),
+        ("queueMode", p.queue_mode.as_deref()),
+    ] {
+        no_nul(field, value.unwrap_or_default())?;
+    }
     if p.message.trim().is_empty() {
         return Err(RequestError::InvalidRequest("message is required".into()));
     }
@@ -114,11 +112,7 @@ fn submission(state: &AppState, method: &str, params: Value) -> Result<Submissio
         }
         metadata.insert("model".to_owned(), model);
     }
-    let timeout = match (p.timeout_ms, p.timeout) {
-        (Some(ms), _) => Duration::from_millis(ms),
-        (None, Some(secs)) if secs.is_finite() && secs > 0.0 => Duration::from_secs_f64(secs),
-        _ => state.run_timeout(),
-    };
+    let timeout = client_timeout(state, p.timeout, p.timeout_ms)?;
     Ok(Submission {
         session_key: p
             .session_key
@@ -310,7 +304,11 @@ struct WaitParams {
 
 async fn agent_wait(state: &AppState, params: Value) -> Result<Value, RequestError> {
     let p: WaitParams = parse("agent.wait", params)?;
-    let timeout = p.timeout_ms.map_or(DEFAULT_WAIT, Duration::from_millis);
+    no_nul("runId", &p.run_id)?;
+    let timeout = p
+        .timeout_ms
+        .map_or(DEFAULT_WAIT, Duration::from_millis)
+        .min(state.max_timeout());
     let finished = dispatch::wait(&state.sessions, &p.run_id, Instant::now() + timeout).await?;
     let mut payload = json!({
         "runId": p.run_id,
@@ -337,12 +335,29 @@ struct SessionParams {
     agent_id: Option<String>,
 }
 
-async fn session_id(state: &AppState, key: &str, agent_id: &str) -> Result<String, RequestError> {
+impl SessionParams {
+    fn check(self) -> Result<Self, RequestError> {
+        no_nul("runId", self.run_id.as_deref().unwrap_or_default())?;
+        no_nul("agentId", self.agent_id.as_deref().unwrap_or_default())?;
+        Ok(self)
+    }
+}
+
+/// Resolves a session key to its id.
+///
+/// # Errors
+/// [`RequestError::InvalidRequest`] for an empty key or one with a NUL, else memory's error.
+pub(crate) async fn session_id(
+    state: &AppState,
+    key: &str,
+    agent_id: &str,
+) -> Result<String, RequestError> {
     if key.is_empty() {
         return Err(RequestError::InvalidRequest(
             "sessionKey is required".into(),
         ));
     }
+    no_nul("sessionKey", key)?;
     let session = state
         .sessions
         .clone()
@@ -358,7 +373,7 @@ async fn session_id(state: &AppState, key: &str, agent_id: &str) -> Result<Strin
 
 /// `chat.abort`: asks the session's owner to stop its live run.
 async fn chat_abort(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse("chat.abort", params)?;
+    let p: SessionParams = parse::<SessionParams>("chat.abort", params)?.check()?;
     let session_id = match p.run_id.as_deref().filter(|r| !r.is_empty()) {
         Some(run_id) => {
             let record = state
@@ -393,30 +408,6 @@ async fn chat_abort(state: &AppState, params: Value) -> Result<Value, RequestErr
     Ok(json!({"status": "abort-requested", "sessionId": session_id, "runId": p.run_id}))
 }
 
-async fn chat_history(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse("chat.history", params)?;
-    let session_id = session_id(state, &p.session_key, "").await?;
-    let history = state
-        .sessions
-        .clone()
-        .get_history(GetHistoryRequest {
-            session_id: session_id.clone(),
-            limit: p.limit.unwrap_or(DEFAULT_HISTORY),
-        })
-        .await?
-        .into_inner();
-    let messages: Vec<Value> = history
-        .entries
-        .into_iter()
-        .map(|e| {
-            json!({"role": e.role, "content": e.content, "runId": e.run_id,
-                   "toolName": e.tool_name, "toolCallId": e.tool_call_id,
-                   "ts": e.created_at.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))})
-        })
-        .collect();
-    Ok(json!({"sessionKey": p.session_key, "sessionId": session_id, "messages": messages}))
-}
-
 fn session_json(s: SessionInfo) -> Value {
     let ms = |t: Option<pbjson_types::Timestamp>| {
         t.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))
@@ -430,7 +421,7 @@ fn session_json(s: SessionInfo) -> Value {
 }
 
 async fn sessions_list(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse("sessions.list", params)?;
+    let p: SessionParams = parse::<SessionParams>("sessions.list", params)?.check()?;
     let list = state
         .sessions
         .clone()
@@ -445,7 +436,7 @@ async fn sessions_list(state: &AppState, params: Value) -> Result<Value, Request
 }
 
 async fn sessions_reset(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse("sessions.reset", params)?;
+    let p: SessionParams = parse::<SessionParams>("sessions.reset", params)?.check()?;
     session_id(state, &p.session_key, "").await?;
     let session = state
         .sessions

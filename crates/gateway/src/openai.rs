@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use crate::RequestError;
 use crate::dispatch::{self, EndStatus, Finished, Submission};
+use crate::guard::Refusal;
 use crate::http::{AppState, bearer};
 
 /// The model name of the default agent.
@@ -47,7 +48,9 @@ impl From<RequestError> for ApiError {
                 (StatusCode::UNAUTHORIZED, "authentication_error")
             }
             RequestError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error"),
-            RequestError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+            RequestError::RateLimited { .. } | RequestError::AuthThrottled { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
+            }
             RequestError::FrameTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error")
             }
@@ -117,7 +120,8 @@ pub(crate) async fn models(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(error) = state.authorize(peer, bearer(&headers)) {
+    let client = state.guard.client_ip(peer, &headers);
+    if let Err(error) = state.authorize(client, bearer(&headers)) {
         return ApiError::from(error).into_response();
     }
     let data: Vec<Value> = state
@@ -156,13 +160,17 @@ async fn complete(
     headers: HeaderMap,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    state.authorize(peer, bearer(&headers))?;
+    // A browser sends a cross-site `text/plain` (or form) POST without asking first; a JSON one
+    // needs a CORS preflight this gateway never grants.
+    if !crate::guard::is_json(&headers) {
+        return Ok(Refusal::NotJson.into_response());
+    }
+    let client = state.guard.client_ip(peer, &headers);
+    state.authorize(client, bearer(&headers))?;
     let body = body.map_err(|e| ApiError {
         status: e.status(),
         ..RequestError::InvalidRequest(format!("invalid request body: {}", e.body_text())).into()
     })?;
-    // Read as JSON whatever its Content-Type says: `curl -d` labels it a form, and the error
-    // for that ("expected application/json") helped nobody.
     let request: CompletionRequest = serde_json::from_slice(&body).map_err(|e| {
         RequestError::InvalidRequest(format!(
             "invalid request body: expected a JSON chat completion request: {e}"
@@ -190,6 +198,7 @@ async fn complete(
     let session_key = header("x-session-key")
         .or(request.user.filter(|u| !u.is_empty()))
         .unwrap_or_else(|| format!("openai:{}", agentloop_bus::nuid()));
+    crate::params::no_nul("user", &session_key)?;
     let submission = Submission {
         session_key,
         text,

@@ -2,14 +2,16 @@
 //! client, `{"type":"res","id","ok","payload"|"error"}` and `{"type":"event","event","payload",
 //! "seq"}` from the gateway. `connect` (with the token) must come first.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use axum::{
     extract::{
         ConnectInfo, State,
         ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code},
     },
-    response::Response,
+    http::HeaderMap,
+    response::{IntoResponse as _, Response},
 };
 use futures::{SinkExt as _, StreamExt as _};
 use serde_json::{Value, json};
@@ -18,6 +20,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
+use crate::limits::{ClientSlot, PendingSlot};
 use crate::{RequestError, http::AppState, methods};
 
 /// Protocol version announced by `connect`.
@@ -59,12 +62,22 @@ pub(crate) fn err(id: &Value, error: &RequestError) -> Outgoing {
     }))
 }
 
-/// Upgrades `/ws` with the configured frame limits.
+/// Upgrades `/ws` with the configured frame limits, when the client address has a place left
+/// and not too many sockets wait for `connect` (`Host` and `Origin` are checked before).
 pub(crate) async fn upgrade(
     ws: WebSocketUpgrade,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     State(state): State<AppState>,
+    headers: HeaderMap,
 ) -> Response {
+    let client = state.guard.client_ip(peer, &headers);
+    let slots = match state.limits.open(client) {
+        Ok(slots) => slots,
+        Err(refusal) => {
+            tracing::debug!(%peer, %client, ?refusal, "websocket refused");
+            return refusal.into_response();
+        }
+    };
     let hard = state
         .config
         .gateway
@@ -73,12 +86,17 @@ pub(crate) async fn upgrade(
     ws.max_frame_size(hard)
         .max_message_size(hard)
         .on_upgrade(move |socket| {
-            let span = tracing::info_span!("ws", %peer, conn_id = %agentloop_bus::nuid());
-            connection(socket, peer, state).instrument(span)
+            let span = tracing::info_span!("ws", %peer, %client, conn_id = %agentloop_bus::nuid());
+            connection(socket, client, slots, state).instrument(span)
         })
 }
 
-async fn connection(socket: WebSocket, peer: SocketAddr, state: AppState) {
+async fn connection(
+    socket: WebSocket,
+    client: IpAddr,
+    (_client_slot, pending): (ClientSlot, PendingSlot),
+    state: AppState,
+) {
     let (mut sink, mut stream) = socket.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUTGOING_CAPACITY);
     let writer = async move {
@@ -109,6 +127,7 @@ async fn connection(socket: WebSocket, peer: SocketAddr, state: AppState) {
     let limit = state.config.gateway.max_frame_bytes;
     let mut conn = Conn {
         connected: false,
+        pending: Some(pending),
         bucket: Bucket::new(
             state.config.gateway.rate_limit_burst,
             state.config.gateway.rate_limit_per_sec,
@@ -117,10 +136,18 @@ async fn connection(socket: WebSocket, peer: SocketAddr, state: AppState) {
     };
     let in_flight = TaskTracker::new();
     let shutdown = state.shutdown.clone();
+    let connect_within = Duration::from_millis(state.config.gateway.connect_timeout_ms);
+    let connect_deadline = Instant::now() + connect_within;
     loop {
         let next = tokio::select! {
             () = shutdown.cancelled() => {
                 let _ = out_tx.send(Outgoing::Close(close_code::AWAY, "gateway shutting down".into())).await;
+                break;
+            }
+            // A socket that never authenticates holds a place others need.
+            () = tokio::time::sleep_until(connect_deadline), if !conn.connected => {
+                let reason = format!("connect not completed within {} ms", connect_within.as_millis());
+                let _ = out_tx.send(Outgoing::Close(close_code::POLICY, reason)).await;
                 break;
             }
             next = stream.next() => next,
@@ -158,14 +185,14 @@ async fn connection(socket: WebSocket, peer: SocketAddr, state: AppState) {
             refuse_oversized(&out_tx, text.len(), limit).await;
             break;
         }
-        match conn.accept(&text, peer, &state) {
+        match conn.accept(&text, client, &state) {
             Accepted::Reply(outgoing) => {
                 let _ = out_tx.send(outgoing).await;
             }
-            Accepted::Refuse(outgoing) => {
+            Accepted::Refuse(outgoing, reason) => {
                 let _ = out_tx.send(outgoing).await;
                 let _ = out_tx
-                    .send(Outgoing::Close(close_code::POLICY, "unauthorized".into()))
+                    .send(Outgoing::Close(close_code::POLICY, reason.into()))
                     .await;
                 break;
             }
@@ -196,14 +223,16 @@ async fn refuse_oversized(out_tx: &mpsc::Sender<Outgoing>, size: usize, limit: u
 /// The state of one connection's reader.
 struct Conn {
     connected: bool,
+    /// Its place among the sockets waiting for `connect`, given up by `connect`.
+    pending: Option<PendingSlot>,
     bucket: Bucket,
 }
 
 enum Accepted {
     /// Answer at once.
     Reply(Outgoing),
-    /// Answer, then close the connection.
-    Refuse(Outgoing),
+    /// Answer, then close the connection with the reason.
+    Refuse(Outgoing, &'static str),
     /// Run the method.
     Call {
         id: Value,
@@ -213,7 +242,7 @@ enum Accepted {
 }
 
 impl Conn {
-    fn accept(&mut self, text: &str, peer: SocketAddr, state: &AppState) -> Accepted {
+    fn accept(&mut self, text: &str, client: IpAddr, state: &AppState) -> Accepted {
         let frame: Value = match serde_json::from_str(text) {
             Ok(frame) => frame,
             Err(error) => {
@@ -250,12 +279,16 @@ impl Conn {
                 .pointer("/auth/token")
                 .or_else(|| params.get("token"))
                 .and_then(Value::as_str);
-            return match state.authorize(peer, token) {
+            return match state.authorize(client, token) {
                 Ok(()) => {
                     self.connected = true;
+                    self.pending = None;
                     Accepted::Reply(ok(&id, hello(state)))
                 }
-                Err(error) => Accepted::Refuse(err(&id, &error)),
+                Err(error @ RequestError::AuthThrottled { .. }) => {
+                    Accepted::Refuse(err(&id, &error), "too many failed authentications")
+                }
+                Err(error) => Accepted::Refuse(err(&id, &error), "unauthorized"),
             };
         }
         if !self.connected {
@@ -280,6 +313,8 @@ fn hello(state: &AppState) -> Value {
             "maxFrameBytes": settings.max_frame_bytes,
             "rateLimitPerSec": settings.rate_limit_per_sec,
             "rateLimitBurst": settings.rate_limit_burst,
+            "maxTimeoutMs": settings.max_timeout_ms,
+            "maxHistoryLimit": crate::history::MAX_LIMIT,
         },
     })
 }
