@@ -95,6 +95,9 @@ pub(crate) async fn serve(
     let mut messages = bus
         .deliveries(StreamKind::Runs, &config.runner.consumer)
         .await?;
+    // Ready means work arrives: not while the consumer's pull is down (a leader election).
+    let consumer_ready = health.component(&format!("{SERVICE} consumer"));
+    messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let owner_id = if config.runner.owner_id.is_empty() {
         default_owner_id()
     } else {

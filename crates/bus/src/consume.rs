@@ -25,6 +25,8 @@ pub struct Deliveries {
     connections: tokio::sync::watch::Receiver<u64>,
     /// False once the connection's event source is gone (the client closed).
     watching: bool,
+    /// Told whether messages can flow: false from an error until the pull is open again.
+    flow: Option<Box<dyn Fn(bool) + Send + Sync>>,
 }
 
 impl Bus {
@@ -46,6 +48,7 @@ impl Bus {
             stream: None,
             connections,
             watching: true,
+            flow: None,
         };
         deliveries.stream = Some(deliveries.open().await?);
         Ok(deliveries)
@@ -53,6 +56,19 @@ impl Bus {
 }
 
 impl Deliveries {
+    /// Reports from now on whether messages can flow (`true` while a pull is open, `false` from
+    /// a failure until it is open again), so a service's readiness means its work arrives.
+    pub fn report_flow(&mut self, report: impl Fn(bool) + Send + Sync + 'static) {
+        report(self.stream.is_some());
+        self.flow = Some(Box::new(report));
+    }
+
+    fn set_flowing(&self, flowing: bool) {
+        if let Some(report) = &self.flow {
+            report(flowing);
+        }
+    }
+
     async fn open(&self) -> Result<pull::Stream, BusError> {
         let consumer = self.bus.durable_consumer(self.kind, &self.durable).await?;
         consumer
@@ -78,6 +94,7 @@ impl Deliveries {
                     Ok(stream) => {
                         tracing::info!(consumer = %self.durable, "consumer stream reopened");
                         self.stream = Some(stream);
+                        self.set_flowing(true);
                         delay = Duration::from_millis(100);
                     }
                     Err(err) => {
@@ -96,6 +113,7 @@ impl Deliveries {
                         // request: a new stream pulls again at once instead of after expiry.
                         tracing::info!(consumer = %self.durable, "reconnected, reopening the consumer stream");
                         self.stream = None;
+                        self.set_flowing(false);
                     } else {
                         self.watching = false;
                     }
@@ -111,11 +129,13 @@ impl Deliveries {
                 Some(Err(err)) => {
                     tracing::warn!(consumer = %self.durable, error = %err, "consumer stream error, reopening");
                     self.stream = None;
+                    self.set_flowing(false);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 None => {
                     tracing::warn!(consumer = %self.durable, "consumer stream ended, reopening");
                     self.stream = None;
+                    self.set_flowing(false);
                 }
             }
         }

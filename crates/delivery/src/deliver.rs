@@ -49,6 +49,9 @@ pub(crate) async fn serve(
     let mut messages = bus
         .deliveries(StreamKind::Outbound, &config.delivery.consumer)
         .await?;
+    // Ready means work arrives: not while the consumer's pull is down (a leader election).
+    let consumer_ready = health.component(&format!("{SERVICE} consumer"));
+    messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
     let ctx = Arc::new(Ctx {
         bus,
