@@ -10,6 +10,8 @@ mod gateway;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
+mod poison;
+#[cfg(test)]
 mod recovery;
 #[cfg(test)]
 mod tracing;
