@@ -81,6 +81,33 @@ async fn a_nul_in_a_session_key_is_an_invalid_request_not_an_outage() {
     sandbox.shutdown().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_run_command_with_a_nul_that_skips_the_router_is_dead_lettered_by_the_runner() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut dead = sandbox.subscribe("dlq.>").await;
+    let session_id = uuid::Uuid::now_v7().to_string();
+    let js = async_nats::jetstream::new(sandbox.client.clone());
+    let command = json!({"sessionId": session_id, "sessionKey": "direct", "text": "a\u{0}b"});
+    js.publish(
+        sandbox.subject(&format!("run.{session_id}")),
+        command.to_string().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let (subject, reason) = next_dead_letter(&mut dead).await.unwrap();
+    assert_eq!(
+        subject,
+        sandbox.subject(&format!(
+            "dlq.{}",
+            sandbox.subject(&format!("run.{session_id}"))
+        ))
+    );
+    assert!(reason.contains("text contains a NUL"), "reason: {reason}");
+    sandbox.shutdown().await.unwrap();
+}
+
 /// The replies of one session until one carries an error.
 async fn error_reply(sub: &mut async_nats::Subscriber) -> anyhow::Result<OutboundMessage> {
     loop {
