@@ -84,6 +84,11 @@ impl RunCtx<'_> {
             // The run's row still records the error, and the inbox row the input.
             tracing::error!(error = %agentloop_bus::error_chain(&err), "could not dead-letter the input");
         }
+        // Calls already stored get their synthetic results, so the next run's prompt pairs
+        // every call with a result; the refused entries themselves are dropped.
+        if let Err(err) = self.close_open_calls("error").await {
+            tracing::warn!(error = %err, "could not close the run's open tool calls");
+        }
         let outcome = self.cut("error", why.public());
         // A reply may have gone out before the write was refused: this one must not be
         // dropped as its duplicate.
