@@ -162,7 +162,7 @@ async fn owner_loop(
                                 reason,
                                 "run could not be finished, giving the session back"
                             );
-                            give_back(shared, session_id, epoch).await;
+                            hand_back(shared, session_id, epoch).await;
                             return;
                         }
                         Err(err) => {
