@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentloop_proto::v1::{FlushRequest, InboxRow};
 
-use crate::memory::{Memory, with_retry};
+use crate::memory::{self, Memory};
 
 /// How long the first command of a batch waits for others before the flush: at most 20 flushes
 /// a second, and nobody waits for an ack.
@@ -68,12 +68,7 @@ async fn flush_and_ack(memory: &Memory, batch: &mut Vec<(jetstream::Message, Inb
     let request = FlushRequest {
         rows: batch.iter().map(|(_, row)| row.clone()).collect(),
     };
-    let flushed = with_retry("flush", || {
-        let mut memory = memory.clone();
-        let request = request.clone();
-        async move { memory.flush(request).await }
-    })
-    .await;
+    let flushed = memory::call(memory, "flush", &request, async |m, r| m.flush(r).await).await;
     let durable: HashSet<(i64, String)> = match flushed {
         Ok(response) => response
             .durable

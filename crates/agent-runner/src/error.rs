@@ -41,9 +41,16 @@ pub(crate) enum MemoryCallError {
     /// Memory is unreachable or failing; retry later.
     #[error("memory unavailable: {0}")]
     Unavailable(String),
-    /// The request was refused; retrying won't help.
+    /// The request was refused (invalid data, a constraint, an unknown run); retrying won't help.
     #[error("memory refused the call: {0}")]
     Refused(String),
+}
+
+impl MemoryCallError {
+    /// Returns whether retrying later may succeed (memory unreachable, overloaded, failing).
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self, MemoryCallError::Unavailable(_))
+    }
 }
 
 impl From<tonic::Status> for MemoryCallError {

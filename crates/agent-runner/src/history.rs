@@ -9,7 +9,6 @@ use agentloop_proto::v1::{Entry, GetHistoryRequest};
 
 use crate::error::MemoryCallError;
 use crate::intake::Shared;
-use crate::memory::with_retry;
 
 /// A transcript entry as the runner holds it. Its text is shared with every conversation built
 /// from it: copying each history text into each run's conversation was 4–6 % of the runner's
@@ -98,11 +97,8 @@ pub(crate) async fn window(
         session_id: session_id.to_owned(),
         limit: shared.settings.history_limit,
     };
-    let memory = shared.memory.clone();
-    let full = with_retry("get_history", || {
-        let mut memory = memory.clone();
-        let request = request.clone();
-        async move { memory.get_history(request).await }
+    let full = crate::memory::call(&shared.memory, "get_history", &request, async |m, r| {
+        m.get_history(r).await
     })
     .await?;
     let full: Vec<HistoryEntry> = full.entries.into_iter().map(Into::into).collect();

@@ -22,7 +22,7 @@ use agentloop_proto::v1::{
 use crate::control::{self, SessionSignals};
 use crate::error::MemoryCallError;
 use crate::hooks::Hooks;
-use crate::memory::{Memory, with_retry};
+use crate::memory::Memory;
 use crate::tools::{CurrentTime, SendMessage, SessionHistory, Tool, remote::RemoteTools};
 use crate::{AgentConfig, Extensions, RunnerConfig, RunnerError, RunnerSettings, owner};
 
@@ -186,12 +186,17 @@ pub(crate) async fn serve(
             msg = messages.next() => msg,
         };
         let command = match agentloop_bus::decode::<RunCommand>(&msg) {
-            Ok((command, _)) if !command.session_id.is_empty() => command,
-            Ok(_) => {
+            Ok((command, _)) if command.session_id.is_empty() => {
                 dead_lettered.inc();
                 reject(&bus, &msg, "run command has no session_id").await;
                 continue;
             }
+            Ok((command, _)) if let Err(err) = agentloop_proto::validate_run_command(&command) => {
+                dead_lettered.inc();
+                reject(&bus, &msg, &format!("invalid run command: {err}")).await;
+                continue;
+            }
+            Ok((command, _)) => command,
             Err(err) => {
                 dead_lettered.inc();
                 reject(&bus, &msg, &error_chain(&err)).await;
@@ -313,11 +318,8 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
         history_limit: shared.settings.history_limit,
         history_after_seq: crate::history::after_seq(shared, &command.session_id),
     };
-    let memory = shared.memory.clone();
-    let enqueued = with_retry("enqueue", || {
-        let mut memory = memory.clone();
-        let request = request.clone();
-        async move { memory.enqueue(request).await }
+    let enqueued = crate::memory::call(&shared.memory, "enqueue", &request, async |m, r| {
+        m.enqueue(r).await
     })
     .await;
     let enqueued = match enqueued {
@@ -426,11 +428,8 @@ pub(crate) async fn try_own(shared: &Arc<Shared>, session_id: &str) {
         owner: shared.owner_id.clone(),
         ttl_ms: u32::try_from(shared.settings.lease_ttl_ms).unwrap_or(u32::MAX),
     };
-    let memory = shared.memory.clone();
-    let claimed = with_retry("claim", || {
-        let mut memory = memory.clone();
-        let request = request.clone();
-        async move { memory.claim_session(request).await }
+    let claimed = crate::memory::call(&shared.memory, "claim", &request, async |m, r| {
+        m.claim_session(r).await
     })
     .await;
     match claimed {

@@ -18,6 +18,7 @@ mod memory;
 mod owner;
 mod prompt;
 mod recovery;
+mod retry;
 mod run;
 mod tools;
 

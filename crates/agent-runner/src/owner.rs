@@ -13,7 +13,7 @@ use agentloop_proto::v1::{
 use crate::control::SessionSignals;
 use crate::error::MemoryCallError;
 use crate::intake::Shared;
-use crate::memory::with_retry;
+use crate::retry::Backoff;
 use crate::run;
 
 /// Runs the session's inputs while this replica holds the lease of `epoch`.
@@ -59,6 +59,8 @@ async fn owner_loop(
     signals: &Arc<SessionSignals>,
     mut first: Option<(TakeNextResponse, i64)>,
 ) {
+    // Steps in a row that failed although each memory call already retried.
+    let mut failures: u32 = 0;
     loop {
         if lease_lost.is_cancelled() {
             tracing::warn!("lease lost, giving the session up");
@@ -86,13 +88,11 @@ async fn owner_loop(
                     history_limit: shared.settings.history_limit,
                     history_after_seq: after_seq,
                 };
-                let memory = shared.memory.clone();
-                let taken = with_retry("take_next", || {
-                    let mut memory = memory.clone();
-                    let request = request.clone();
-                    async move { memory.take_next(request).await }
-                })
-                .await;
+                let taken =
+                    crate::memory::call(&shared.memory, "take_next", &request, async |m, r| {
+                        m.take_next(r).await
+                    })
+                    .await;
                 (taken, after_seq)
             }
         };
@@ -113,8 +113,11 @@ async fn owner_loop(
                     {
                         Ok(history) => history,
                         Err(err) => {
-                            tracing::warn!(error = %err, "cannot read the session's history, retrying");
-                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            tracing::warn!(error = %err, "cannot read the session's history");
+                            if !pause(&mut failures).await {
+                                give_back(shared, session_id, epoch).await;
+                                return;
+                            }
                             continue;
                         }
                     };
@@ -144,7 +147,7 @@ async fn owner_loop(
                     match executed {
                         // The run's last write gave the lease back: nothing else was pending.
                         Ok(true) => return,
-                        Ok(false) => {}
+                        Ok(false) => failures = 0,
                         Err(MemoryCallError::LeaseLost(reason)) => {
                             tracing::warn!(
                                 reason,
@@ -152,9 +155,23 @@ async fn owner_loop(
                             );
                             return;
                         }
+                        Err(MemoryCallError::Refused(reason)) => {
+                            // Even setting the input aside was refused: trying again at once
+                            // would spin; the session goes back and the sweeper retries it.
+                            tracing::error!(
+                                reason,
+                                "run could not be finished, giving the session back"
+                            );
+                            hand_back(shared, session_id, epoch).await;
+                            return;
+                        }
                         Err(err) => {
-                            tracing::warn!(error = %err, "run could not be recorded, retrying shortly");
-                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            // The next take retries the run (one more attempt, capped).
+                            tracing::warn!(error = %err, "run could not be recorded");
+                            if !pause(&mut failures).await {
+                                give_back(shared, session_id, epoch).await;
+                                return;
+                            }
                         }
                     }
                 }
@@ -177,11 +194,34 @@ async fn owner_loop(
                 return;
             }
             Err(err) => {
-                tracing::warn!(error = %err, "cannot take the next input, retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tracing::warn!(error = %err, "cannot take the next input");
+                if !pause(&mut failures).await {
+                    give_back(shared, session_id, epoch).await;
+                    return;
+                }
             }
         }
     }
+}
+
+/// Waits before the owner's next try after a failed step; `false` once the failures have
+/// lasted too long to keep holding the session.
+async fn pause(failures: &mut u32) -> bool {
+    match Backoff::OWNER.delay(*failures) {
+        Some(delay) => {
+            *failures += 1;
+            tokio::time::sleep(delay).await;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Gives up a session this owner cannot make progress on: the lease expires now, so any
+/// replica's sweeper (this one's included) claims it again later, not this loop at once.
+async fn give_back(shared: &Arc<Shared>, session_id: &str, epoch: i64) {
+    tracing::error!("memory keeps failing, giving the session back");
+    hand_back(shared, session_id, epoch).await;
 }
 
 /// Returns whether the lease was given back (`None` when memory could not be asked).
@@ -190,11 +230,8 @@ async fn release(shared: &Arc<Shared>, session_id: &str, epoch: i64) -> Option<b
         session_id: session_id.to_owned(),
         epoch,
     };
-    let memory = shared.memory.clone();
-    let released = with_retry("release", || {
-        let mut memory = memory.clone();
-        let request = request.clone();
-        async move { memory.release_session(request).await }
+    let released = crate::memory::call(&shared.memory, "release", &request, async |m, r| {
+        m.release_session(r).await
     })
     .await;
     match released {

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use agentloop_model::{
     ChatMessage, ChatRequest, Credential, ErrorKind, ModelError, ModelRef, StreamEvent, ToolCall,
-    ToolSpec,
+    ToolSpec, redact_secrets,
 };
 use agentloop_proto::v1::{
     Entry, GetCooldownsRequest, ReportProfileFailureRequest, ReportProfileSuccessRequest,
@@ -141,8 +141,14 @@ impl RunCtx<'_> {
                     }
                     Err(err) => err,
                 };
-                let text = agentloop_bus::error_chain(&err);
-                tracing::warn!(model = %model_name, profile = %profile.name, kind = ?err.kind(), error = %text, "model call failed");
+                // The provider's text (which can quote the API key) stays in the log, masked;
+                // the user, the events and Postgres get only its class.
+                let detail = agentloop_bus::error_chain(&err);
+                tracing::warn!(model = %model_name, profile = %profile.name, kind = ?err.kind(), error = %redact_secrets(&detail), "model call failed");
+                let text = match err.status() {
+                    Some(status) => format!("{} (HTTP {status})", err.label()),
+                    None => err.label().to_owned(),
+                };
                 match err.kind() {
                     ErrorKind::ContextOverflow if cx.compactions < MAX_COMPACTIONS => {
                         cx.compactions += 1;

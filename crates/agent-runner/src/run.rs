@@ -17,6 +17,8 @@ use agentloop_proto::v1::{
     TakeQueuedRequest,
 };
 
+mod set_aside;
+
 use crate::AgentConfig;
 use crate::control::SessionSignals;
 use crate::error::MemoryCallError;
@@ -24,10 +26,11 @@ use crate::events::RunEvents;
 use crate::history::{HistoryEntry, Role, Window};
 use crate::hooks::HookPoint;
 use crate::intake::Shared;
-use crate::memory::with_retry;
 use crate::prompt;
 use crate::recovery::{AnsweredBy, Context};
+use crate::retry::{Backoff, retry};
 use crate::tools::{SentMessage, Tool, ToolContext, ToolSet};
+use set_aside::Why;
 
 /// How a run ended.
 struct Outcome {
@@ -170,7 +173,10 @@ pub(crate) async fn execute(
         unwritten: Mutex::new(Vec::new()),
         final_entries: Mutex::new(Vec::new()),
     };
-    async {
+    if let Some(why) = Why::exhausted(run.attempts) {
+        return ctx.set_aside(owner, &item, why).instrument(span).await;
+    }
+    let executed = async {
         ctx.events
             .lifecycle("start", json!({ "model": ctx.model_name, "attempt": run.attempts, "agentId": agent_id }))
             .await;
@@ -228,8 +234,17 @@ pub(crate) async fn execute(
             .await;
         Ok(released)
     }
-    .instrument(span)
-    .await
+    .instrument(span.clone())
+    .await;
+    match executed {
+        // Retrying a write memory refused for good would fail the same way forever.
+        Err(MemoryCallError::Refused(detail)) => {
+            ctx.set_aside(owner, &item, Why::Refused(detail))
+                .instrument(span)
+                .await
+        }
+        other => other,
+    }
 }
 
 impl RunCtx<'_> {
@@ -292,12 +307,12 @@ impl RunCtx<'_> {
             epoch: self.epoch,
             entries,
         };
-        let memory = self.shared.memory.clone();
-        with_retry("append_entries", || {
-            let mut memory = memory.clone();
-            let request = request.clone();
-            async move { memory.append_entries(request).await }
-        })
+        crate::memory::call(
+            &self.shared.memory,
+            "append_entries",
+            &request,
+            async |m, r| m.append_entries(r).await,
+        )
         .await
         .map(|_| ())
     }
@@ -309,12 +324,12 @@ impl RunCtx<'_> {
             run_id: self.run.id.clone(),
             kinds: vec![kind.to_owned()],
         };
-        let memory = self.shared.memory.clone();
-        let taken = with_retry("take_queued", || {
-            let mut memory = memory.clone();
-            let request = request.clone();
-            async move { memory.take_queued(request).await }
-        })
+        let taken = crate::memory::call(
+            &self.shared.memory,
+            "take_queued",
+            &request,
+            async |m, r| m.take_queued(r).await,
+        )
         .await?;
         Ok(taken
             .items
@@ -363,6 +378,11 @@ impl RunCtx<'_> {
     /// Publishes the final reply before the run is marked finished, so a crash in between re-runs
     /// into the same message id and the stream drops the duplicate.
     async fn reply(&self, outcome: &Outcome) {
+        self.reply_as(outcome, "final").await;
+    }
+
+    /// Publishes a final reply under the message id `<run_id>:<suffix>`.
+    async fn reply_as(&self, outcome: &Outcome, suffix: &str) {
         let command = self.command;
         let mut text = match outcome.status {
             "completed" | "max_turns" => outcome.text.clone(),
@@ -417,31 +437,30 @@ impl RunCtx<'_> {
             ts: Some(agentloop_proto::now()),
         };
         let subject = self.shared.bus.subjects().outbound(&command.channel);
-        let msg_id = format!("{}:final", self.run.id);
-        let mut delay = Duration::from_millis(100);
-        for attempt in 1..=8 {
-            match self
-                .shared
-                .bus
-                .publish_durable(subject.clone(), &message, Some(&msg_id))
-                .await
-            {
-                Ok(()) => {
-                    self.shared
-                        .hooks
-                        .run(HookPoint::MessageSent, json!({ "sessionKey": command.session_key, "runId": self.run.id, "text": text }))
-                        .await;
-                    return;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %agentloop_bus::error_chain(&err), attempt, "failed to publish the reply, retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
+        let msg_id = format!("{}:{suffix}", self.run.id);
+        let published = retry(
+            "publish_reply",
+            Backoff::PUBLISH,
+            |_| true,
+            || {
+                self.shared
+                    .bus
+                    .publish_durable(subject.clone(), &message, Some(&msg_id))
+            },
+        )
+        .await;
+        match published {
+            Ok(()) => {
+                self.shared
+                    .hooks
+                    .run(HookPoint::MessageSent, json!({ "sessionKey": command.session_key, "runId": self.run.id, "text": text }))
+                    .await;
+            }
+            // Each attempt already waited `bus.publish_retry_ms` for a stream leader.
+            Err(err) => {
+                tracing::error!(run_id = %self.run.id, session_key = %command.session_key, error = %agentloop_bus::error_chain(&err), "gave up publishing the reply: the outbound stream stored nothing for minutes");
             }
         }
-        // Each attempt already waited `bus.publish_retry_ms` for a stream leader.
-        tracing::error!(run_id = %self.run.id, session_key = %command.session_key, "gave up publishing the reply: the outbound stream stored nothing for minutes");
     }
 
     fn tool_context(&self, call_id: &str) -> ToolContext {
@@ -897,11 +916,8 @@ async fn finish(
     // The lease may go back with this call: leave the owned set first, so input arriving now
     // claims the session (or, if the lease stays, is seen by this owner's next take).
     crate::owner::forget(shared, session_id, signals);
-    let memory = shared.memory.clone();
-    let finished = with_retry("finish_run", || {
-        let mut memory = memory.clone();
-        let request = request.clone();
-        async move { memory.finish_run(request).await }
+    let finished = crate::memory::call(&shared.memory, "finish_run", &request, async |m, r| {
+        m.finish_run(r).await
     })
     .await;
     let released = matches!(&finished, Ok(response) if response.released);

@@ -288,13 +288,13 @@ async fn handle(
     let parsed = request::Request::parse(&body);
     let model = parsed.as_ref().ok().and_then(request::Request::model);
     let authorized = is_authorized(state.api_key(), protocol, &headers);
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let key = match protocol {
+        Protocol::OpenAi => header("authorization").and_then(|v| v.strip_prefix("Bearer ")),
+        Protocol::Anthropic => header("x-api-key"),
+    };
     let plan = match &parsed {
         Ok(request) if authorized => {
-            let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-            let key = match protocol {
-                Protocol::OpenAi => header("authorization").and_then(|v| v.strip_prefix("Bearer ")),
-                Protocol::Anthropic => header("x-api-key"),
-            };
             let thinking = match protocol {
                 Protocol::OpenAi => request.reasoning_effort(),
                 Protocol::Anthropic => request.thinking_budget().map(|b| {
@@ -337,7 +337,7 @@ async fn handle(
     }
     let Some(plan) = plan else {
         return match (protocol, authorized) {
-            (Protocol::OpenAi, false) => openai::error(Failure::Auth),
+            (Protocol::OpenAi, false) => openai::error(Failure::Auth, key),
             (Protocol::Anthropic, false) => anthropic::error(Failure::Auth),
             (Protocol::OpenAi, true) => openai::bad_request("request body is not valid JSON"),
             (Protocol::Anthropic, true) => anthropic::bad_request("request body is not valid JSON"),
@@ -347,7 +347,7 @@ async fn handle(
         tokio::time::sleep(plan.delay).await;
     }
     match (protocol, plan.failure, stream) {
-        (Protocol::OpenAi, Some(failure), _) => openai::error(failure),
+        (Protocol::OpenAi, Some(failure), _) => openai::error(failure, key),
         (Protocol::Anthropic, Some(failure), _) => anthropic::error(failure),
         (Protocol::OpenAi, None, false) => openai::complete(&plan, &ctx),
         (Protocol::OpenAi, None, true) => openai::stream(&plan, &ctx),

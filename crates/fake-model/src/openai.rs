@@ -10,14 +10,24 @@ use crate::wire::{
     ReplyContext, argument_pieces, json_response, sse_frame, sse_response, text_pieces, unix_now,
 };
 
-/// Returns the error response for `failure` in OpenAI's shape.
-pub(crate) fn error(failure: Failure) -> Response {
+/// Returns the error response for `failure` in OpenAI's shape. Like the real API, an auth
+/// error names the key it was given, so tests can check that clients keep it out of sight.
+pub(crate) fn error(failure: Failure, presented_key: Option<&str>) -> Response {
+    let auth_message;
     let (message, kind, code) = match failure {
-        Failure::Auth => (
-            "Incorrect API key provided.",
-            "invalid_request_error",
-            Some("invalid_api_key"),
-        ),
+        Failure::Auth => {
+            auth_message = match presented_key {
+                Some(key) => format!(
+                    "Incorrect API key provided: {key}. You can find your API key at https://platform.openai.com/account/api-keys."
+                ),
+                None => "You didn't provide an API key.".to_owned(),
+            };
+            (
+                auth_message.as_str(),
+                "invalid_request_error",
+                Some("invalid_api_key"),
+            )
+        }
         Failure::RateLimit => (
             "Rate limit reached for requests. Please try again in 1s.",
             "requests",

@@ -13,8 +13,8 @@ pub struct MemoryConfig {
 /// Settings of the memory service (`AGENTLOOP_MEMORY__<KEY>`).
 ///
 /// No `deny_unknown_fields`: clients read the same section for `url`, and may add keys of their
-/// own.
-#[derive(Debug, Clone, Deserialize)]
+/// own. `Debug` masks the database password.
+#[derive(Clone, Deserialize)]
 #[serde(default)]
 pub struct MemorySettings {
     /// Address the gRPC server binds; port 0 picks a free one.
@@ -56,6 +56,43 @@ impl Default for MemorySettings {
     }
 }
 
+impl std::fmt::Debug for MemorySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemorySettings")
+            .field("listen", &self.listen)
+            .field("url", &self.url)
+            .field("database_url", &redact_url_password(&self.database_url))
+            .field("admin_listen", &self.admin_listen)
+            .field("max_connections", &self.max_connections)
+            .field("history_limit", &self.history_limit)
+            .field("batch_lanes", &self.batch_lanes)
+            .field("batch_max_calls", &self.batch_max_calls)
+            .finish()
+    }
+}
+
+/// Masks the password of a URL's user info (`postgres://user:***@host/db`), for logs; a URL
+/// without one is returned as is.
+pub(crate) fn redact_url_password(url: &str) -> std::borrow::Cow<'_, str> {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.into();
+    };
+    let authority_end = url[scheme_end..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| scheme_end + i);
+    // The last '@' ends the user info: a password may itself hold an unescaped '@'.
+    let Some(at) = url[scheme_end..authority_end]
+        .rfind('@')
+        .map(|i| scheme_end + i)
+    else {
+        return url.into();
+    };
+    match url[scheme_end..at].find(':') {
+        Some(colon) => format!("{}***{}", &url[..scheme_end + colon + 1], &url[at..]).into(),
+        None => url.into(),
+    }
+}
+
 impl MemorySettings {
     /// The pool size to use: `max_connections`, or four per core when it is 0. Few busy
     /// backends per core beat many: each extra one adds context switches and lock traffic.
@@ -92,5 +129,30 @@ mod tests {
         assert_eq!(config.memory.max_connections, 0);
         assert!(config.memory.pool_size() >= 4);
         assert!(config.memory.admin_listen.is_empty());
+    }
+
+    #[test]
+    fn the_database_password_never_shows_in_debug_or_logs() {
+        let settings = MemorySettings {
+            database_url: "postgres://agent:hunter2@db:5432/agentloop".to_owned(),
+            ..MemorySettings::default()
+        };
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("postgres://agent:***@db:5432/agentloop"),
+            "{shown}"
+        );
+        assert_eq!(
+            redact_url_password("postgres://u:p@ss@h/db?sslmode=require"),
+            "postgres://u:***@h/db?sslmode=require"
+        );
+        for plain in [
+            "postgres://postgres@127.0.0.1:5432/test",
+            "postgres://db/x",
+            "not a url",
+        ] {
+            assert_eq!(redact_url_password(plain), plain);
+        }
     }
 }

@@ -181,7 +181,10 @@ async fn supervise_database(
     let store = Store::with_batching(pool, batching, &counters);
     let store = slot.get_or_init(|| store);
     readiness.set(true);
-    tracing::info!("memory ready: database connected and migrated");
+    tracing::info!(
+        database = %crate::config::redact_url_password(&config.memory.database_url),
+        "memory ready: database connected and migrated"
+    );
 
     let mut healthy = true;
     loop {

@@ -1,5 +1,7 @@
 //! Model provider settings; the config loader maps the ecosystem env vars onto these fields.
 
+use crate::Secret;
+
 /// Settings for every model provider.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(default)]
@@ -9,11 +11,11 @@ pub struct ModelsConfig {
     /// Base URL of an OpenAI-compatible server, including `/v1` (`OPENAI_BASE_URL`).
     pub openai_base_url: String,
     /// Bearer token for the OpenAI-compatible server; none sends no `Authorization` (`OPENAI_API_KEY`).
-    pub openai_api_key: Option<String>,
+    pub openai_api_key: Option<Secret>,
     /// Base URL of the Anthropic API, without `/v1` (`ANTHROPIC_BASE_URL`).
     pub anthropic_base_url: String,
     /// Anthropic API key, sent as `x-api-key` (`ANTHROPIC_API_KEY`).
-    pub anthropic_api_key: Option<String>,
+    pub anthropic_api_key: Option<Secret>,
     /// Bounds the wait for response headers, and each wait for the next streamed bytes.
     pub request_timeout_ms: u64,
     /// Bounds establishing a connection.
@@ -46,7 +48,7 @@ pub struct AuthProfile {
     pub provider: String,
     /// The key.
     #[serde(default)]
-    pub api_key: Option<String>,
+    pub api_key: Option<Secret>,
     /// A base URL other than the provider's configured one.
     #[serde(default)]
     pub base_url: Option<String>,

@@ -128,6 +128,39 @@ impl ModelError {
         }
     }
 
+    /// Returns a fixed word for the failure (`auth`, `rate_limit`, `timeout`, `bad_request`,
+    /// `overloaded`, `server_error`, `context_overflow`, ...), safe to show a user, emit in
+    /// events and store: unlike the error's text it never quotes the provider, whose messages
+    /// can hold the API key.
+    pub fn label(&self) -> &'static str {
+        match self.kind() {
+            ErrorKind::ContextOverflow => "context_overflow",
+            ErrorKind::Auth => "auth",
+            ErrorKind::RateLimit => "rate_limit",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::UnsupportedThinking => "unsupported_thinking",
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::Unavailable => match self {
+                Self::Connect { .. } | Self::Transport { .. } => "unreachable",
+                _ if self.is_overloaded() => "overloaded",
+                _ => "server_error",
+            },
+        }
+    }
+
+    fn is_overloaded(&self) -> bool {
+        match self {
+            Self::Api { status: 529, .. } => true,
+            Self::Api { code, message, .. } => {
+                code.as_deref().is_some_and(|c| c.contains("overloaded"))
+                    || message.to_lowercase().contains("overloaded")
+            }
+            Self::Stream { message, .. } => message.to_lowercase().contains("overloaded"),
+            _ => false,
+        }
+    }
+
     /// Returns the provider's `retry-after` hint, if any.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
@@ -299,6 +332,39 @@ mod tests {
             let err = ModelError::from_response(Provider::OpenAi, status, body, None);
             assert_eq!(err.kind(), kind, "{status} {err}");
         }
+    }
+
+    #[test]
+    fn labels_name_the_class_and_never_the_provider_text() {
+        let cases: [(u16, &[u8], &str); 6] = [
+            (
+                401,
+                br#"{"error":{"message":"Incorrect API key provided: sk-proj-abcdefgh1234","code":"invalid_api_key"}}"#,
+                "auth",
+            ),
+            (429, b"", "rate_limit"),
+            (400, br#"{"error":"model not found"}"#, "bad_request"),
+            (
+                529,
+                br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                "overloaded",
+            ),
+            (500, b"oops", "server_error"),
+            (
+                400,
+                br#"{"error":{"message":"maximum context length is 8192","code":"context_length_exceeded"}}"#,
+                "context_overflow",
+            ),
+        ];
+        for (status, body, label) in cases {
+            let err = ModelError::from_response(Provider::OpenAi, status, body, None);
+            assert_eq!(err.label(), label, "{status}");
+        }
+        let timeout = ModelError::Timeout {
+            provider: Provider::OpenAi,
+            timeout_ms: 5,
+        };
+        assert_eq!(timeout.label(), "timeout");
     }
 
     #[test]

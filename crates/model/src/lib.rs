@@ -10,6 +10,7 @@ mod config;
 mod error;
 mod model_ref;
 mod openai;
+mod redact;
 mod sse;
 mod stream;
 mod types;
@@ -22,6 +23,7 @@ pub use config::AuthProfile;
 pub use config::ModelsConfig;
 pub use error::{ErrorKind, ModelError};
 pub use model_ref::{ModelRef, Provider};
+pub use redact::{Secret, redact_secrets};
 pub use stream::ModelStream;
 pub use types::{
     ChatMessage, ChatRequest, ChatResponse, Credential, StopReason, StreamEvent, ToolCall,
@@ -40,9 +42,9 @@ struct Inner {
     default_model: ModelRef,
     // Parsed once: reqwest parses a URL given as text on every request.
     openai_url: reqwest::Url,
-    openai_api_key: Option<String>,
+    openai_api_key: Option<Secret>,
     anthropic_url: reqwest::Url,
-    anthropic_api_key: Option<String>,
+    anthropic_api_key: Option<Secret>,
     request_timeout: Duration,
     max_tokens: u32,
     openai_tools: openai::ToolsJson,
@@ -124,7 +126,7 @@ impl ModelClient {
                     .and_then(|c| c.api_key.as_ref())
                     .or(inner.openai_api_key.as_ref());
                 if let Some(key) = key {
-                    request = request.bearer_auth(key);
+                    request = request.bearer_auth(key.expose());
                 }
                 (url, request)
             }
@@ -142,7 +144,7 @@ impl ModelClient {
                     .and_then(|c| c.api_key.as_ref())
                     .or(inner.anthropic_api_key.as_ref());
                 if let Some(key) = key {
-                    request = request.header("x-api-key", key);
+                    request = request.header("x-api-key", key.expose());
                 }
                 (url, request)
             }

@@ -31,7 +31,7 @@ pub struct ChatRequest {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Credential {
     /// API key (a bearer token for OpenAI-compatible servers, `x-api-key` for Anthropic).
-    pub api_key: Option<String>,
+    pub api_key: Option<crate::Secret>,
     /// Base URL replacing the provider's configured one.
     pub base_url: Option<String>,
 }

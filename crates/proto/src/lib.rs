@@ -8,7 +8,9 @@ mod validate;
 
 pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
 pub use run_id::run_id;
-pub use validate::{QueueMode, ValidationError, validate_inbound};
+pub use validate::{
+    Field, QueueMode, ValidationError, refuse_nul, validate_inbound, validate_run_command,
+};
 
 /// Generated protobuf messages and the SessionService gRPC client and server.
 #[allow(clippy::all, missing_docs, clippy::unwrap_used)]

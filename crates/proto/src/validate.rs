@@ -1,6 +1,6 @@
 //! Checks every service applies to an inbound message before acting on it.
 
-use crate::v1::InboundMessage;
+use crate::v1::{InboundMessage, RunCommand};
 
 /// Longest accepted session key, in bytes.
 pub const MAX_SESSION_KEY_LEN: usize = 512;
@@ -66,6 +66,59 @@ pub enum ValidationError {
     /// `queueMode` is not one of the known words.
     #[error("queueMode {0:?} is not one of steer, followup, collect, interrupt")]
     QueueMode(String),
+    /// A text field holds a NUL byte, which Postgres text columns cannot store.
+    #[error("{0} contains a NUL byte (U+0000), which cannot be stored")]
+    Nul(Field),
+}
+
+/// A field of a message, named as on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// `sessionKey`.
+    SessionKey,
+    /// `text`.
+    Text,
+    /// `channel`.
+    Channel,
+    /// `senderId`.
+    SenderId,
+    /// `idempotencyKey`.
+    IdempotencyKey,
+    /// `agentId`.
+    AgentId,
+    /// A key or value of `metadata`.
+    Metadata,
+    /// `replySubject`.
+    ReplySubject,
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Field::SessionKey => "sessionKey",
+            Field::Text => "text",
+            Field::Channel => "channel",
+            Field::SenderId => "senderId",
+            Field::IdempotencyKey => "idempotencyKey",
+            Field::AgentId => "agentId",
+            Field::Metadata => "metadata",
+            Field::ReplySubject => "replySubject",
+        })
+    }
+}
+
+/// Refuses a NUL byte in `value`. A NUL is refused rather than stripped: the text reaches
+/// Postgres (whose text columns cannot hold it) and the model, and silently changing what a
+/// user sent would make the transcript disagree with the input.
+///
+/// # Errors
+/// [`ValidationError::Nul`] naming `field`.
+pub fn refuse_nul(field: Field, value: &str) -> Result<(), ValidationError> {
+    // `<[u8]>::contains` on bytes is a memchr scan: cheap enough for every message.
+    if value.as_bytes().contains(&0) {
+        return Err(ValidationError::Nul(field));
+    }
+    Ok(())
 }
 
 /// Validates an inbound message and fills the channel from the subject when it is empty.
@@ -89,8 +142,46 @@ pub fn validate_inbound(
         return Err(ValidationError::TextTooLong);
     }
     QueueMode::parse(&msg.queue_mode)?;
+    refuse_nul(Field::SessionKey, &msg.session_key)?;
+    refuse_nul(Field::Text, &msg.text)?;
+    refuse_nul(Field::Channel, &msg.channel)?;
+    refuse_nul(Field::SenderId, &msg.sender_id)?;
+    refuse_nul(Field::IdempotencyKey, &msg.idempotency_key)?;
+    refuse_nul(Field::AgentId, &msg.agent_id)?;
+    refuse_nul(Field::ReplySubject, &msg.reply_subject)?;
+    for (key, value) in &msg.metadata {
+        refuse_nul(Field::Metadata, key)?;
+        refuse_nul(Field::Metadata, value)?;
+    }
     if msg.channel.is_empty() {
         msg.channel = subject_channel.to_owned();
+    }
+    Ok(())
+}
+
+/// Re-checks a run command at the runner's intake: the bus is not trusted to carry only what
+/// the router let through, and a NUL reaching the transcript would fail every write of its run.
+///
+/// # Errors
+/// The first [`ValidationError`] found.
+pub fn validate_run_command(cmd: &RunCommand) -> Result<(), ValidationError> {
+    if cmd.session_key.len() > MAX_SESSION_KEY_LEN {
+        return Err(ValidationError::SessionKeyTooLong);
+    }
+    if cmd.text.len() > MAX_TEXT_LEN {
+        return Err(ValidationError::TextTooLong);
+    }
+    QueueMode::parse(&cmd.queue_mode)?;
+    refuse_nul(Field::SessionKey, &cmd.session_key)?;
+    refuse_nul(Field::Text, &cmd.text)?;
+    refuse_nul(Field::Channel, &cmd.channel)?;
+    refuse_nul(Field::SenderId, &cmd.sender_id)?;
+    refuse_nul(Field::IdempotencyKey, &cmd.idempotency_key)?;
+    refuse_nul(Field::AgentId, &cmd.agent_id)?;
+    refuse_nul(Field::ReplySubject, &cmd.reply_subject)?;
+    for (key, value) in &cmd.metadata {
+        refuse_nul(Field::Metadata, key)?;
+        refuse_nul(Field::Metadata, value)?;
     }
     Ok(())
 }
@@ -124,6 +215,50 @@ mod tests {
         let mut m = msg("k", "hello");
         validate_inbound(&mut m, "cli").unwrap();
         assert_eq!(m.channel, "cli");
+    }
+
+    #[test]
+    fn a_nul_is_refused_in_every_stored_field() {
+        assert_eq!(
+            validate_inbound(&mut msg("k", "a\0b"), "cli"),
+            Err(ValidationError::Nul(Field::Text))
+        );
+        assert_eq!(
+            validate_inbound(&mut msg("k\0", "hello"), "cli"),
+            Err(ValidationError::Nul(Field::SessionKey))
+        );
+        let mut m = msg("k", "hello");
+        m.metadata.insert("note".into(), "x\0".into());
+        assert_eq!(
+            validate_inbound(&mut m, "cli"),
+            Err(ValidationError::Nul(Field::Metadata))
+        );
+        let mut m = msg("k", "hello");
+        m.sender_id = "\0".into();
+        assert_eq!(
+            validate_inbound(&mut m, "cli"),
+            Err(ValidationError::Nul(Field::SenderId))
+        );
+        assert!(
+            ValidationError::Nul(Field::SessionKey)
+                .to_string()
+                .starts_with("sessionKey contains a NUL")
+        );
+    }
+
+    #[test]
+    fn a_run_command_with_a_nul_is_refused() {
+        let mut cmd = RunCommand {
+            session_key: "k".into(),
+            text: "hello".into(),
+            ..Default::default()
+        };
+        assert_eq!(validate_run_command(&cmd), Ok(()));
+        cmd.text = "he\0llo".into();
+        assert_eq!(
+            validate_run_command(&cmd),
+            Err(ValidationError::Nul(Field::Text))
+        );
     }
 
     #[test]

@@ -10,10 +10,11 @@ const MISSING_DATABASE: &str = "3D000";
 /// `duplicate_database`: another replica created it first.
 const DUPLICATE_DATABASE: &str = "42P04";
 const FOREIGN_KEY_VIOLATION: &str = "23503";
-const CHECK_VIOLATION: &str = "23514";
-const NOT_NULL_VIOLATION: &str = "23502";
-const INVALID_TEXT_REPRESENTATION: &str = "22P02";
-const NUMERIC_VALUE_OUT_OF_RANGE: &str = "22003";
+/// SQLSTATE class 22, data exception: a value the column cannot hold (a NUL byte in text, an
+/// unparsable number, a string too long). The same request fails the same way every time.
+const DATA_EXCEPTION_CLASS: &str = "22";
+/// SQLSTATE class 23, integrity constraint violation (not null, check, unique).
+const CONSTRAINT_VIOLATION_CLASS: &str = "23";
 const SERIALIZATION_FAILURE: &str = "40001";
 const DEADLOCK_DETECTED: &str = "40P01";
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -32,14 +33,18 @@ pub(crate) fn translate(err: sqlx::Error, session_id: Uuid) -> MemoryError {
     };
     match code.as_str() {
         FOREIGN_KEY_VIOLATION => MemoryError::SessionNotFound(session_id),
-        CHECK_VIOLATION
-        | NOT_NULL_VIOLATION
-        | INVALID_TEXT_REPRESENTATION
-        | NUMERIC_VALUE_OUT_OF_RANGE => {
+        // Permanent: reported as InvalidArgument so the caller gives the request up instead of
+        // retrying it forever, as it would an Internal or Unavailable.
+        _ if is_invalid_data(&code) => {
             MemoryError::InvalidArgument(format!("rejected by the database: {err}"))
         }
         _ => MemoryError::Database(err),
     }
+}
+
+/// Returns whether a SQLSTATE says the data itself was refused (classes 22 and 23).
+fn is_invalid_data(code: &str) -> bool {
+    code.starts_with(DATA_EXCEPTION_CLASS) || code.starts_with(CONSTRAINT_VIOLATION_CLASS)
 }
 
 /// Returns whether retrying later may succeed: the database is out of reach (see
@@ -113,6 +118,17 @@ mod tests {
             std::io::ErrorKind::ConnectionRefused
         ))));
         assert!(!is_transient(&sqlx::Error::RowNotFound));
+    }
+
+    #[test]
+    fn data_exceptions_and_constraint_violations_are_invalid_data() {
+        // 22021: a NUL byte in text; 22001: a string too long; 23505: a unique violation.
+        for code in ["22021", "22P05", "22001", "23505", "23514"] {
+            assert!(is_invalid_data(code), "{code}");
+        }
+        for code in ["40001", "08006", "57014", "XX000", "42P01"] {
+            assert!(!is_invalid_data(code), "{code}");
+        }
     }
 
     #[test]

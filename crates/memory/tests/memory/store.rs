@@ -140,6 +140,29 @@ async fn a_retried_append_is_absorbed(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "./migrations")]
+async fn a_value_postgres_cannot_store_is_an_invalid_argument_not_an_outage(pool: PgPool) {
+    let store = Store::new(pool);
+    let (session_id, epoch) = held_session(&store, "s", "runner-a").await;
+    // Text columns cannot hold a NUL byte; the same write would fail the same way every time.
+    let refused = store
+        .append_entries(session_id, epoch, &[entry("m1", "a\u{0}b")])
+        .await;
+    assert!(
+        matches!(refused, Err(MemoryError::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    let refused = store.resolve_session("bad\u{0}key", "main", None).await;
+    assert!(
+        matches!(refused, Err(MemoryError::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        tonic::Status::from(MemoryError::InvalidArgument(String::new())).code(),
+        tonic::Code::InvalidArgument
+    );
+}
+
+#[sqlx::test(migrations = "./migrations")]
 async fn flush_confirms_only_inbox_rows_that_exist_with_their_key(pool: PgPool) {
     let store = Store::new(pool);
     let session = store.resolve_session("s", "main", None).await.unwrap();
@@ -1008,7 +1031,8 @@ async fn a_bad_call_in_a_batch_of_both_kinds_fails_alone_and_the_rest_stands(poo
         let answer = enqueue.await.unwrap();
         if *id == bad {
             assert!(
-                matches!(answer, Err(MemoryError::Database(_))),
+                // A data exception: refused for good, not retried as an outage.
+                matches!(answer, Err(MemoryError::InvalidArgument(_))),
                 "the overflowing lease is refused: {answer:?}"
             );
         } else {
@@ -1089,7 +1113,8 @@ async fn a_call_postgres_rejects_fails_alone_and_the_rest_of_its_batch_stands(po
     for (id, answer) in sessions.iter().zip(&answers) {
         if *id == bad {
             assert!(
-                matches!(answer, Err(MemoryError::Database(_))),
+                // A data exception: refused for good, not retried as an outage.
+                matches!(answer, Err(MemoryError::InvalidArgument(_))),
                 "the overflowing lease is refused: {answer:?}"
             );
         } else {

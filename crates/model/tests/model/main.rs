@@ -224,7 +224,13 @@ fn models_config_has_laptop_defaults_and_accepts_partial_input() {
 
     assert_eq!(config.default_model, "openai/gpt-4o-mini");
     assert_eq!(config.openai_base_url, "https://api.openai.com/v1");
-    assert_eq!(config.anthropic_api_key.as_deref(), Some("k"));
+    assert_eq!(
+        config
+            .anthropic_api_key
+            .as_ref()
+            .map(agentloop_model::Secret::expose),
+        Some("k")
+    );
     assert_eq!(config.max_tokens, 10);
     assert!(
         ModelClient::new(&ModelsConfig {

@@ -1,0 +1,222 @@
+//! Poison input and leaking provider errors, each written as the attack: a NUL byte in a
+//! message or a session key, a model answer Postgres cannot store, an API key in a provider's
+//! error text.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+use sqlx::Row as _;
+
+use agentloop_fake_model::{Failure, ScriptedReply};
+use agentloop_model::AuthProfile;
+use agentloop_proto::v1::OutboundMessage;
+
+use crate::harness::{Sandbox, SandboxOptions, collect_run_events, next_reply};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Waits for the next dead letter and returns its subject and reason.
+async fn next_dead_letter(sub: &mut async_nats::Subscriber) -> anyhow::Result<(String, String)> {
+    let msg = tokio::time::timeout(WAIT, sub.next())
+        .await
+        .context("timed out waiting for a dead letter")?
+        .context("dead letter subscription closed")?;
+    let reason = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(agentloop_bus::HEADER_ERROR))
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_default();
+    Ok((msg.subject.to_string(), reason))
+}
+
+async fn ask(sandbox: &Sandbox, key: &str, text: &str) -> anyhow::Result<Value> {
+    let reply = tokio::time::timeout(
+        WAIT,
+        sandbox.client.request(
+            sandbox.subject("ask"),
+            json!({"sessionKey": key, "text": text}).to_string().into(),
+        ),
+    )
+    .await
+    .context("no answer to ask")??;
+    Ok(serde_json::from_slice(&reply.payload)?)
+}
+
+#[tokio::test]
+async fn a_nul_in_a_message_is_dead_lettered_and_the_session_answers_the_next_one() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut dead = sandbox.subscribe("dlq.>").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
+
+    sandbox.say("poisoned", "hello\u{0}world").await.unwrap();
+    let (subject, reason) = next_dead_letter(&mut dead).await.unwrap();
+    assert_eq!(
+        subject,
+        sandbox.subject(&format!("dlq.{}", sandbox.subject("inbound.cli")))
+    );
+    assert!(reason.contains("NUL"), "reason: {reason}");
+
+    sandbox.say("poisoned", "hello again").await.unwrap();
+    let reply = next_reply(&mut replies, WAIT).await.unwrap();
+    assert_eq!(reply.text, "echo: hello again");
+    assert_eq!(reply.session_key, "poisoned");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_nul_in_a_session_key_is_an_invalid_request_not_an_outage() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let answer = ask(&sandbox, "bad\u{0}key", "hello").await.unwrap();
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("sessionKey") && error.contains("NUL"),
+        "answer: {answer}"
+    );
+    // The same client goes on being answered.
+    let answer = ask(&sandbox, "good-key", "hello").await.unwrap();
+    assert_eq!(answer["text"], "echo: hello");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_run_command_with_a_nul_that_skips_the_router_is_dead_lettered_by_the_runner() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut dead = sandbox.subscribe("dlq.>").await;
+    let session_id = uuid::Uuid::now_v7().to_string();
+    let js = async_nats::jetstream::new(sandbox.client.clone());
+    let command = json!({"sessionId": session_id, "sessionKey": "direct", "text": "a\u{0}b"});
+    js.publish(
+        sandbox.subject(&format!("run.{session_id}")),
+        command.to_string().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let (subject, reason) = next_dead_letter(&mut dead).await.unwrap();
+    assert_eq!(
+        subject,
+        sandbox.subject(&format!(
+            "dlq.{}",
+            sandbox.subject(&format!("run.{session_id}"))
+        ))
+    );
+    assert!(reason.contains("text contains a NUL"), "reason: {reason}");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// The replies of one session until one carries an error.
+async fn error_reply(sub: &mut async_nats::Subscriber) -> anyhow::Result<OutboundMessage> {
+    loop {
+        let reply = next_reply(sub, WAIT).await?;
+        if !reply.error.is_empty() {
+            return Ok(reply);
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_answer_postgres_cannot_store_ends_the_run_and_frees_the_session() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut dead = sandbox.subscribe("dlq.>").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    // Validation cannot see this one coming: the model's own answer holds a NUL.
+    sandbox
+        .fake
+        .push_script(ScriptedReply::text("a broken \u{0} answer"));
+
+    sandbox.say("wedged", "first").await.unwrap();
+    let failed = error_reply(&mut replies).await.unwrap();
+    assert!(
+        failed.error.contains("could not be stored"),
+        "error: {}",
+        failed.error
+    );
+    let (subject, reason) = next_dead_letter(&mut dead).await.unwrap();
+    assert!(
+        subject.starts_with(&sandbox.subject(&format!("dlq.{}", sandbox.subject("run.")))),
+        "subject: {subject}"
+    );
+    assert!(reason.contains("could not be stored"), "reason: {reason}");
+
+    sandbox.say("wedged", "second").await.unwrap();
+    let reply = next_reply(&mut replies, WAIT).await.unwrap();
+    assert_eq!(reply.text, "echo: second");
+    let pool = sandbox.finished_runs(2).await.unwrap();
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM runs ORDER BY started_at")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(statuses, vec!["error", "completed"]);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_api_key_in_a_provider_error_reaches_neither_user_nor_events_nor_postgres() {
+    const KEY: &str = "sk-proj-Zq81mK2vX4sLw9Tn5Rb3Hd7Yp0Cf6Gj";
+    let sandbox = Sandbox::start_with(SandboxOptions {
+        runner: Some(Box::new(|config| {
+            config.models.profiles = vec![AuthProfile {
+                name: "main".into(),
+                provider: "openai".into(),
+                api_key: Some(KEY.into()),
+                base_url: None,
+            }];
+        })),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    sandbox.fake.state().fail_key(KEY, Some(Failure::Auth));
+    let mut events = sandbox.subscribe("events.*.*").await;
+
+    let answer = ask(&sandbox, "leaky", "hello").await.unwrap();
+    let run = collect_run_events(&mut events, WAIT).await.unwrap();
+    // The attack is real: the provider puts the key in its error text.
+    let body = provider_error_body(&sandbox, KEY).await;
+    assert!(body.contains(KEY), "provider error: {body}");
+
+    let shown = answer.to_string();
+    assert!(!shown.contains(KEY), "reply: {shown}");
+    assert!(shown.contains("auth"), "reply: {shown}");
+    for event in &run {
+        assert!(!event.data.contains(KEY), "event: {}", event.data);
+    }
+    let pool = sandbox.finished_runs(1).await.unwrap();
+    let row = sqlx::query("SELECT error FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let error: String = row.get("error");
+    assert!(!error.contains(KEY), "runs.error: {error}");
+    assert!(error.contains("auth"), "runs.error: {error}");
+    let cooldowns: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT last_error FROM auth_profile_cooldowns")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for stored in cooldowns.into_iter().flatten() {
+        assert!(!stored.contains(KEY), "cooldown error: {stored}");
+    }
+    sandbox.shutdown().await.unwrap();
+}
+
+/// The provider's error body for a request made with `key`, as the runner receives it.
+async fn provider_error_body(sandbox: &Sandbox, key: &str) -> String {
+    reqwest::Client::new()
+        .post(format!(
+            "{}/chat/completions",
+            sandbox.fake.openai_base_url()
+        ))
+        .bearer_auth(key)
+        .json(&json!({"model": "fake-echo", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
