@@ -1,11 +1,36 @@
-//! `[bus]` settings.
+//! `[bus]` settings, including how to authenticate to NATS.
+
+use crate::BusError;
 
 /// How to reach NATS and how the streams are laid out (`[bus]`, `AGENTLOOP_BUS__*`, `NATS_URL`).
-#[derive(Debug, Clone, serde::Deserialize)]
+///
+/// At most one way to authenticate is used: `creds_file`, else `nkey_seed_file`, else
+/// `user`/`password`, else none (or credentials in the URL).
+#[derive(Clone, serde::Deserialize)]
 #[serde(default)]
 pub struct BusConfig {
     /// NATS server URL.
     pub url: String,
+    /// A NATS `.creds` file (user JWT and nkey seed), as issued by an operator.
+    pub creds_file: String,
+    /// A file holding an nkey user seed (`SU...`).
+    pub nkey_seed_file: String,
+    /// User name of a server-configured user, with `password`.
+    pub user: String,
+    /// Password of `user`; redacted in `Debug`.
+    pub password: String,
+    /// Subject under which this client's request replies arrive (`<inbox_prefix>.<id>`); empty
+    /// means `_INBOX`. Give each service its own (`_INBOX.router`) so server permissions can keep
+    /// one service from reading another's replies and pulled messages.
+    pub inbox_prefix: String,
+    /// PEM file of the CA that signed the server's certificate; turns TLS on.
+    pub tls_ca_file: String,
+    /// PEM client certificate, for servers that verify clients (`tls_key_file` too).
+    pub tls_cert_file: String,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: String,
+    /// Refuse to talk to the server without TLS.
+    pub tls_required: bool,
     /// Subject prefix; two stacks with different prefixes share one server.
     pub prefix: String,
     /// Connection timeout.
@@ -39,6 +64,15 @@ impl Default for BusConfig {
     fn default() -> Self {
         Self {
             url: "nats://127.0.0.1:4222".to_owned(),
+            creds_file: String::new(),
+            nkey_seed_file: String::new(),
+            user: String::new(),
+            password: String::new(),
+            inbox_prefix: String::new(),
+            tls_ca_file: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_required: false,
             prefix: "agentloop".to_owned(),
             connect_timeout_ms: 2_000,
             replicas: 1,
@@ -56,11 +90,168 @@ impl Default for BusConfig {
     }
 }
 
+impl std::fmt::Debug for BusConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |secret: &str| if secret.is_empty() { "" } else { "<redacted>" };
+        f.debug_struct("BusConfig")
+            .field("url", &redact_url(&self.url))
+            .field("creds_file", &self.creds_file)
+            .field("nkey_seed_file", &self.nkey_seed_file)
+            .field("user", &self.user)
+            .field("password", &redacted(&self.password))
+            .field("inbox_prefix", &self.inbox_prefix)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("tls_required", &self.tls_required)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("replicas", &self.replicas)
+            .field("work_max_age_secs", &self.work_max_age_secs)
+            .field("events_max_age_secs", &self.events_max_age_secs)
+            .field("events_in_memory", &self.events_in_memory)
+            .field("events_max_bytes", &self.events_max_bytes)
+            .field("dlq_max_age_secs", &self.dlq_max_age_secs)
+            .field("duplicate_window_secs", &self.duplicate_window_secs)
+            .field("ack_wait_ms", &self.ack_wait_ms)
+            .field("ack_gather_ms", &self.ack_gather_ms)
+            .field("max_deliver", &self.max_deliver)
+            .field("max_ack_pending", &self.max_ack_pending)
+            .finish()
+    }
+}
+
+/// Hides the password of a `nats://user:password@host` URL.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let Some((credentials, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = credentials.split_once(':').map_or(credentials, |(u, _)| u);
+    let path = if path.is_empty() {
+        String::new()
+    } else {
+        format!("/{path}")
+    };
+    format!("{scheme}://{user}:<redacted>@{host}{path}")
+}
+
 impl BusConfig {
+    /// Returns connect options carrying this config's credentials, TLS and inbox prefix.
+    ///
+    /// # Errors
+    /// [`BusError::Credentials`] when a credentials file cannot be read, or when the client
+    /// certificate comes without its key.
+    pub async fn connect_options(&self) -> Result<async_nats::ConnectOptions, BusError> {
+        let mut options = async_nats::ConnectOptions::new();
+        if !self.creds_file.is_empty() {
+            options = options
+                .credentials_file(&self.creds_file)
+                .await
+                .map_err(|source| BusError::Credentials {
+                    path: self.creds_file.clone(),
+                    source,
+                })?;
+        } else if !self.nkey_seed_file.is_empty() {
+            let seed = std::fs::read_to_string(&self.nkey_seed_file).map_err(|source| {
+                BusError::Credentials {
+                    path: self.nkey_seed_file.clone(),
+                    source,
+                }
+            })?;
+            options = options.nkey(seed.trim().to_owned());
+        } else if !self.user.is_empty() {
+            options = options.user_and_password(self.user.clone(), self.password.clone());
+        }
+        if !self.inbox_prefix.is_empty() {
+            options = options.custom_inbox_prefix(&self.inbox_prefix);
+        }
+        if !self.tls_ca_file.is_empty() {
+            options = options.add_root_certificates(self.tls_ca_file.clone().into());
+        }
+        match (self.tls_cert_file.is_empty(), self.tls_key_file.is_empty()) {
+            (false, false) => {
+                options = options.add_client_certificate(
+                    self.tls_cert_file.clone().into(),
+                    self.tls_key_file.clone().into(),
+                );
+            }
+            (true, true) => {}
+            // Half a client identity would be silently dropped and the server would refuse
+            // the connection with a less helpful message.
+            _ => {
+                return Err(BusError::Credentials {
+                    path: format!("{}{}", self.tls_cert_file, self.tls_key_file),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "bus.tls_cert_file and bus.tls_key_file must be set together",
+                    ),
+                });
+            }
+        }
+        Ok(options.require_tls(self.tls_required || !self.tls_ca_file.is_empty()))
+    }
+
     /// How long acks are gathered: `ack_gather_ms`, capped at a tenth of `ack_wait_ms` so that a
     /// gathered ack never arrives after the server has given the message to someone else.
     #[must_use]
     pub fn ack_gather(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.ack_gather_ms.min(self.ack_wait_ms / 10))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_password_and_url_credentials() {
+        let config = BusConfig {
+            url: "nats://router:hunter2@nats:4222".to_owned(),
+            user: "router".to_owned(),
+            password: "s3cret-pass".to_owned(),
+            ..Default::default()
+        };
+        let text = format!("{config:?}");
+        assert!(!text.contains("s3cret-pass"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("router"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_credentials_file_is_named() {
+        let config = BusConfig {
+            creds_file: "/nonexistent/router.creds".to_owned(),
+            ..Default::default()
+        };
+        let err = config.connect_options().await.unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/router.creds"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_without_its_key_is_refused() {
+        let config = BusConfig {
+            tls_cert_file: "/etc/agentloop/client.pem".to_owned(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            config.connect_options().await,
+            Err(BusError::Credentials { .. })
+        ));
+    }
+
+    #[test]
+    fn urls_without_credentials_are_left_alone() {
+        assert_eq!(redact_url("nats://nats:4222"), "nats://nats:4222");
+        assert_eq!(
+            redact_url("tls://a:b@n1:4222/x"),
+            "tls://a:<redacted>@n1:4222/x"
+        );
     }
 }

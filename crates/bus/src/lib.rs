@@ -54,7 +54,9 @@ impl Bus {
     /// [`BusError`] when the server is unreachable, too old, or refuses the stream settings.
     pub async fn connect(config: &BusConfig, service: &str) -> Result<Self, BusError> {
         let (connected_tx, connections) = tokio::sync::watch::channel(0_u64);
-        let client = async_nats::ConnectOptions::new()
+        let client = config
+            .connect_options()
+            .await?
             .event_callback(move |event| {
                 let connected_tx = connected_tx.clone();
                 async move {
@@ -73,13 +75,13 @@ impl Bus {
             .connect(config.url.as_str())
             .await
             .map_err(|source| BusError::Connect {
-                url: config.url.clone(),
+                url: config::redact_url(&config.url),
                 source,
             })?;
         let version = client.server_info().version;
         if !version_at_least(&version, MIN_SERVER_VERSION) {
             return Err(BusError::ServerTooOld {
-                url: config.url.clone(),
+                url: config::redact_url(&config.url),
                 version,
             });
         }
