@@ -168,9 +168,17 @@ pub(crate) async fn serve(
     );
     let sweeper = tokio::spawn(sweep(shared.clone()));
     let controls = control::listen(shared.clone()).await?;
+    let admission = crate::admission::Admission::new(&config);
     if let Err(err) = shared
         .remote_tools
-        .discover(&bus, Duration::from_millis(config.runner.tool_timeout_ms))
+        .discover(
+            &bus,
+            Duration::from_millis(config.runner.tool_timeout_ms),
+            crate::tools::remote::Admit::new(
+                &shared.local_tools,
+                &config.runner.remote_tools_allow,
+            ),
+        )
         .await
     {
         tracing::warn!(error = %err, "remote tool discovery unavailable");
@@ -183,7 +191,14 @@ pub(crate) async fn serve(
             msg = messages.next() => msg,
         };
         let command = match agentloop_bus::decode::<RunCommand>(&msg) {
-            Ok((command, _)) if !command.session_id.is_empty() => command,
+            Ok((command, _)) if !command.session_id.is_empty() => match admission.check(&command) {
+                Ok(()) => command,
+                Err(refusal) => {
+                    dead_lettered.inc();
+                    reject(&bus, &msg, &refusal.to_string()).await;
+                    continue;
+                }
+            },
             Ok(_) => {
                 dead_lettered.inc();
                 reject(&bus, &msg, "run command has no session_id").await;

@@ -195,6 +195,28 @@ impl BusConfig {
         Ok(options.require_tls(self.tls_required || !self.tls_ca_file.is_empty()))
     }
 
+    /// Returns whether `subject` may receive a caller's answer: under `<prefix>.reply.` or
+    /// `_INBOX.`, and a plain subject (no wildcard, no blank). Anything else, such as an inbound
+    /// subject, would let a message feed its own answer back in as a new message.
+    #[must_use]
+    pub fn allows_reply_subject(&self, subject: &str) -> bool {
+        let prefix = self.prefix.trim_end_matches('.');
+        let rest = subject.strip_prefix("_INBOX.").or_else(|| {
+            subject
+                .strip_prefix(prefix)
+                .and_then(|s| s.strip_prefix(".reply."))
+        });
+        rest.is_some_and(|rest| {
+            !rest.is_empty()
+                && rest.split('.').all(|token| {
+                    !token.is_empty()
+                        && token
+                            .chars()
+                            .all(|c| !c.is_whitespace() && c != '*' && c != '>')
+                })
+        })
+    }
+
     /// How long acks are gathered: `ack_gather_ms`, capped at a tenth of `ack_wait_ms` so that a
     /// gathered ack never arrives after the server has given the message to someone else.
     #[must_use]
@@ -244,6 +266,27 @@ mod tests {
             config.connect_options().await,
             Err(BusError::Credentials { .. })
         ));
+    }
+
+    #[test]
+    fn only_reply_and_inbox_subjects_may_receive_answers() {
+        let config = BusConfig::default();
+        assert!(config.allows_reply_subject("agentloop.reply.abc"));
+        assert!(config.allows_reply_subject("_INBOX.gateway.x1"));
+        for forged in [
+            "agentloop.inbound.cli",
+            "agentloop.run.s1",
+            "agentloop.reply.",
+            "agentloop.reply.>",
+            "_INBOX.*",
+            "_INBOX",
+            "other.reply.x",
+            "agentloop.replyx.y",
+            "_INBOX.a..b",
+            "_INBOX.a b",
+        ] {
+            assert!(!config.allows_reply_subject(forged), "{forged}");
+        }
     }
 
     #[test]
