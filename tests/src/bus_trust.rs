@@ -157,6 +157,87 @@ async fn every_service_under_its_own_user_answers_a_message_end_to_end() {
     stack.shutdown().await.unwrap();
 }
 
+/// The example tool server binary (`agentloop-example-tool`), built from this tree.
+fn example_tool() -> std::path::PathBuf {
+    // Always built: a binary left from an older tree would not know how to log in.
+    let built = std::process::Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "-p",
+            "agentloop-tool-server",
+            "--bin",
+            "agentloop-example-tool",
+        ])
+        .status()
+        .unwrap();
+    assert!(built.success());
+    // The test binary is in target/<profile>/deps, the example tool in target/<profile>.
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("agentloop-example-tool")
+}
+
+#[tokio::test]
+async fn a_tool_server_logged_in_as_tool_serves_the_runner() {
+    let stack = SecuredStack::start().await.unwrap();
+    let mut tool = tokio::process::Command::new(example_tool())
+        .env("NATS_URL", stack.nats.url())
+        .env("AGENTLOOP_BUS__PREFIX", secured::PREFIX)
+        .env("AGENTLOOP_BUS__USER", "tool")
+        .env("AGENTLOOP_BUS__PASSWORD", secured::password("tool"))
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = tool.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let ready = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap();
+    assert!(ready.unwrap().unwrap().starts_with("ready"));
+    let (client, _) = secured::connect_as(&stack.nats, "client").await.unwrap();
+    let mut replies = client.subscribe("agentloop.deliver.cli.>").await.unwrap();
+
+    // Until the runner has heard the announcement the model is offered no word_count.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        stack.fake.push_script(ScriptedReply::text("probe"));
+        let probe = json!({"sessionKey": "cli:probe", "text": "tools?"});
+        client
+            .publish("agentloop.inbound.cli", probe.to_string().into())
+            .await
+            .unwrap();
+        next_reply(&mut replies, WAIT).await.unwrap();
+        let last = stack.fake.requests().last().unwrap().body.clone();
+        let offered = last["tools"]
+            .as_array()
+            .is_some_and(|tools| tools.iter().any(|t| t["function"]["name"] == "word_count"));
+        if offered {
+            break;
+        }
+        assert!(Instant::now() < deadline, "word_count was never offered");
+    }
+    stack.fake.push_script(ScriptedReply::tool_call(
+        "word_count",
+        json!({"text": "a b c"}),
+    ));
+    stack.fake.push_script(ScriptedReply::text("three"));
+    let ask = json!({"sessionKey": "cli:count", "text": "count a b c"});
+    client
+        .publish("agentloop.inbound.cli", ask.to_string().into())
+        .await
+        .unwrap();
+
+    assert_eq!(next_reply(&mut replies, WAIT).await.unwrap().text, "three");
+    let requests = stack.fake.requests();
+    let messages = &requests[requests.len() - 1].body["messages"];
+    assert_eq!(messages.as_array().unwrap().last().unwrap()["content"], "3");
+    let log = stack.nats.log();
+    assert!(!log.contains("Violation"), "something was refused:\n{log}");
+    stack.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_reply_subject_aimed_at_the_inbound_stream_does_not_loop() {
     let sandbox = Sandbox::start().await.unwrap();
