@@ -9,7 +9,7 @@ use crate::RunnerConfig;
 /// Why a run command is refused at intake.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Refusal {
-    /// The message part fails the router's validation (size caps, queue mode, ...).
+    /// The message part fails the router's validation (size caps, empty text, ...).
     #[error("run command refused: {0}")]
     Invalid(#[from] agentloop_proto::ValidationError),
     /// The model is neither the default nor in `[models] allowlist`.
@@ -39,11 +39,11 @@ impl Admission {
     /// Returns why `command` must not run, if it must not.
     pub(crate) fn check(&self, command: &RunCommand) -> Result<(), Refusal> {
         // The router validated the inbound message these fields came from: the same function
-        // on the same fields keeps both checks in step.
+        // on the same fields keeps both checks in step. Not the queue mode: the router may
+        // have filled it from the session, and intake runs an unknown mode as a plain message.
         let mut inbound = InboundMessage {
             session_key: command.session_key.clone(),
             text: command.text.clone(),
-            queue_mode: command.queue_mode.clone(),
             channel: command.channel.clone(),
             ..Default::default()
         };
