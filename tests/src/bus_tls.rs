@@ -1,5 +1,5 @@
-//! `[bus]` TLS and login against a nats-server that requires both: certificates made with the
-//! `openssl` command for this test only.
+//! `[bus]` TLS and logins against nats-servers that require them: certificates made with the
+//! `openssl` command and nkeys made for the test only.
 
 use std::path::Path;
 use std::process::Command;
@@ -123,6 +123,42 @@ async fn a_service_reaches_a_tls_only_server_with_the_configured_ca_and_login() 
     assert!(
         matches!(refused, Err(BusError::Connect { .. })),
         "no login was accepted"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_service_logs_in_with_an_nkey_seed_file() {
+    let dir = std::env::temp_dir().join(format!("agentloop-nkey-{}", agentloop_bus::nuid()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let user = nkeys::KeyPair::new_user();
+    let seed_file = dir.join("router.nk");
+    std::fs::write(&seed_file, format!("{}\n", user.seed().unwrap())).unwrap();
+    let conf = dir.join("nkey.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "authorization {{\n  users = [ {{ nkey: {} }} ]\n}}\n",
+            user.public_key()
+        ),
+    )
+    .unwrap();
+    let nats = NatsServer::start_with_config(&conf, &[]).unwrap();
+    let config = BusConfig {
+        url: nats.url().to_owned(),
+        prefix: format!("t{}", &agentloop_bus::nuid()[20..]),
+        nkey_seed_file: seed_file.display().to_string(),
+        ..Default::default()
+    };
+
+    Bus::connect(&config, "nkey-test").await.unwrap();
+
+    let stranger = nkeys::KeyPair::new_user();
+    std::fs::write(&seed_file, stranger.seed().unwrap()).unwrap();
+    let refused = Bus::connect(&config, "nkey-test").await;
+    assert!(
+        matches!(refused, Err(BusError::Connect { .. })),
+        "an unknown nkey was accepted"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
