@@ -316,6 +316,27 @@ sys.exit(1 if errors else 0)
 PY
 
 # ---------------------------------------------------------------------------
+# 2b. NATS users and permissions (compose and deploy/ load the same file)
+# ---------------------------------------------------------------------------
+NATS_AUTH=$TARGET/deploy/base/nats/agentloop-auth.conf
+[[ -f $NATS_AUTH ]] || die "deploy/base/nats/agentloop-auth.conf is missing"
+log "deploy/base/nats/agentloop-auth.conf: nats-server -t"
+if [[ -x $VENV/bin/nats-server ]]; then
+  # Each password variable the file reads gets a dummy value; one it reads but the
+  # compose file and the Secret do not provide fails the rules below.
+  mapfile -t NATS_VARS < <(grep -o '\$AGENTLOOP_NATS_[A-Z_]*_PASSWORD' "$NATS_AUTH" | tr -d '$' | sort -u)
+  env "${NATS_VARS[@]/%/=validate}" "$VENV/bin/nats-server" -t -c "$NATS_AUTH" \
+    || die "nats-server rejected deploy/base/nats/agentloop-auth.conf (see above)"
+  for var in "${NATS_VARS[@]}"; do
+    grep -q "^ *$var:" "$TARGET/docker-compose.yml" || die "docker-compose.yml: the nats service does not set $var"
+    grep -q "^ *$var:" "$TARGET/deploy/base/nats-users.yaml" || die "deploy/base/nats-users.yaml has no $var"
+  done
+  grep -q 'agentloop-auth.conf' "$TARGET/docker-compose.yml" || die "docker-compose.yml: nats does not load agentloop-auth.conf"
+else
+  log "nats-server is not available on this platform; skipped"
+fi
+
+# ---------------------------------------------------------------------------
 # 3. Kubernetes manifests
 # ---------------------------------------------------------------------------
 mapfile -t KUSTOMIZATIONS < <(cd "$TARGET/deploy" && find . -name kustomization.yaml -o -name kustomization.yml -o -name Kustomization | sed 's|/[^/]*$||; s|^\./||; s|^\.$||' | sort)
@@ -490,6 +511,10 @@ def rules(label, docs):
             else:
                 if sub != "memory" and "NATS_URL" not in env:
                     err(f"{where}: NATS_URL is not set")
+            if sub in ("router", "runner", "gateway", "delivery"):
+                for key in ("AGENTLOOP_BUS__USER", "AGENTLOOP_BUS__PASSWORD", "AGENTLOOP_BUS__INBOX_PREFIX"):
+                    if key not in env:
+                        err(f"{where}: {key} is not set (NATS runs with per-service users)")
             if sub in ("router", "runner", "gateway", "delivery") and "AGENTLOOP_MEMORY__URL" not in env:
                 err(f"{where}: AGENTLOOP_MEMORY__URL is not set")
 

@@ -4,6 +4,10 @@
 #[cfg(test)]
 mod agent_loop;
 #[cfg(test)]
+mod bus_tls;
+#[cfg(test)]
+mod bus_trust;
+#[cfg(test)]
 mod foundation;
 #[cfg(test)]
 mod gateway;

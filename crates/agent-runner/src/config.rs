@@ -5,7 +5,7 @@ use agentloop_model::ModelsConfig;
 
 /// Everything the runner reads from the merged configuration.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, from = "RawRunnerConfig")]
 pub struct RunnerConfig {
     /// NATS connection and stream layout.
     pub bus: BusConfig,
@@ -13,10 +13,46 @@ pub struct RunnerConfig {
     pub memory: agentloop_lifecycle::MemoryEndpoint,
     /// Model providers and the default model.
     pub models: ModelsConfig,
+    /// `[models] allowlist`, enforced by the router and checked again at intake: when not
+    /// empty, the only models (besides the default) a run command may name.
+    pub model_allowlist: Vec<String>,
     /// Runner-only settings.
     pub runner: RunnerSettings,
     /// Agents by id (`[agents.<id>]`); an agent without a section uses the defaults.
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
+}
+
+/// The file's shape: `[models]` holds the provider settings and the router's allowlist, which
+/// the runner keeps apart since the model client has no use for it.
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct RawRunnerConfig {
+    bus: BusConfig,
+    memory: agentloop_lifecycle::MemoryEndpoint,
+    models: RawModels,
+    runner: RunnerSettings,
+    agents: std::collections::BTreeMap<String, AgentConfig>,
+}
+
+#[derive(Default, serde::Deserialize)]
+struct RawModels {
+    #[serde(flatten)]
+    config: ModelsConfig,
+    #[serde(default, deserialize_with = "list_or_commas")]
+    allowlist: Vec<String>,
+}
+
+impl From<RawRunnerConfig> for RunnerConfig {
+    fn from(raw: RawRunnerConfig) -> Self {
+        Self {
+            bus: raw.bus,
+            memory: raw.memory,
+            models: raw.models.config,
+            model_allowlist: raw.models.allowlist,
+            runner: raw.runner,
+            agents: raw.agents,
+        }
+    }
 }
 
 /// One agent (`[agents.<id>]`).
@@ -105,6 +141,31 @@ pub struct RunnerSettings {
     pub tool_update_interval_ms: u64,
     /// External hooks (`[[runner.hooks]]`: point, subject, timeout_ms, fail_open).
     pub hooks: Vec<crate::hooks::ExternalHookConfig>,
+    /// Names of the remote tools this runner accepts (`*` matches any run of characters).
+    /// `["*"]` suits development; in production list the tools you deploy, so that whoever
+    /// can announce on `<prefix>.tool._announce` cannot offer the model a tool of their own.
+    /// A remote tool can never take a built-in's name, whatever this says.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub remote_tools_allow: Vec<String>,
+}
+
+/// Reads a TOML list, or a comma-separated string (environment variables are strings).
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum ListOrCommas {
+        List(Vec<String>),
+        Commas(String),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        ListOrCommas::List(list) => list,
+        ListOrCommas::Commas(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
 }
 
 impl Default for RunnerSettings {
@@ -128,6 +189,55 @@ impl Default for RunnerSettings {
             tool_event_max_bytes: 4_096,
             tool_update_interval_ms: 5_000,
             hooks: Vec::new(),
+            remote_tools_allow: vec!["*".to_owned()],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_allowlist_is_read_next_to_the_provider_settings() {
+        let config: RunnerConfig = agentloop_lifecycle::load_config_from(
+            None,
+            [
+                (
+                    "AGENTLOOP_MODELS__DEFAULT_MODEL".to_owned(),
+                    "openai/a".to_owned(),
+                ),
+                (
+                    "AGENTLOOP_MODELS__REQUEST_TIMEOUT_MS".to_owned(),
+                    "1234".to_owned(),
+                ),
+                ("AGENTLOOP_RUNNER__MAX_TURNS".to_owned(), "3".to_owned()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.models.default_model, "openai/a");
+        assert_eq!(config.models.request_timeout_ms, 1234);
+        assert_eq!(config.runner.max_turns, 3);
+        assert!(config.model_allowlist.is_empty());
+        assert_eq!(config.runner.remote_tools_allow, vec!["*"]);
+        let config: RunnerConfig = agentloop_lifecycle::load_config_from(
+            None,
+            [
+                (
+                    "AGENTLOOP_MODELS__ALLOWLIST".to_owned(),
+                    "openai/a, openai/b".to_owned(),
+                ),
+                (
+                    "AGENTLOOP_RUNNER__REMOTE_TOOLS_ALLOW".to_owned(),
+                    "word_count,web_*".to_owned(),
+                ),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.model_allowlist, vec!["openai/a", "openai/b"]);
+        assert_eq!(
+            config.runner.remote_tools_allow,
+            vec!["word_count", "web_*"]
+        );
     }
 }

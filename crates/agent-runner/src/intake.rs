@@ -171,9 +171,17 @@ pub(crate) async fn serve(
     );
     let sweeper = tokio::spawn(sweep(shared.clone()));
     let controls = control::listen(shared.clone()).await?;
+    let admission = crate::admission::Admission::new(&config);
     if let Err(err) = shared
         .remote_tools
-        .discover(&bus, Duration::from_millis(config.runner.tool_timeout_ms))
+        .discover(
+            &bus,
+            Duration::from_millis(config.runner.tool_timeout_ms),
+            crate::tools::remote::Admit::new(
+                &shared.local_tools,
+                &config.runner.remote_tools_allow,
+            ),
+        )
         .await
     {
         tracing::warn!(error = %err, "remote tool discovery unavailable");
@@ -191,9 +199,9 @@ pub(crate) async fn serve(
                 reject(&bus, &msg, "run command has no session_id").await;
                 continue;
             }
-            Ok((command, _)) if let Err(err) = agentloop_proto::validate_run_command(&command) => {
+            Ok((command, _)) if let Err(refusal) = admission.check(&command) => {
                 dead_lettered.inc();
-                reject(&bus, &msg, &format!("invalid run command: {err}")).await;
+                reject(&bus, &msg, &refusal.to_string()).await;
                 continue;
             }
             Ok((command, _)) => command,

@@ -7,6 +7,7 @@
 //! writes through memory's gRPC API, and the final OutboundMessage on `<prefix>.outbound.<channel>`.
 
 mod acks;
+mod admission;
 mod config;
 mod control;
 mod error;

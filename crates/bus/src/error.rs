@@ -57,4 +57,13 @@ pub enum BusError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A credentials file (`creds_file`, `nkey_seed_file`) could not be used.
+    #[error("failed to use nats credentials {path}")]
+    Credentials {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -55,7 +55,9 @@ impl Bus {
     pub async fn connect(config: &BusConfig, service: &str) -> Result<Self, BusError> {
         let seeds = config.server_addrs()?;
         let (connected_tx, connections) = tokio::sync::watch::channel(0_u64);
-        let client = async_nats::ConnectOptions::new()
+        let client = config
+            .connect_options()
+            .await?
             .event_callback(move |event| {
                 let connected_tx = connected_tx.clone();
                 async move {
@@ -110,7 +112,11 @@ impl Bus {
         loop {
             match Self::connect(config, service).await {
                 Ok(bus) => return Ok(Some(bus)),
-                Err(err @ (BusError::ServerTooOld { .. } | BusError::InvalidUrl { .. })) => {
+                Err(
+                    err @ (BusError::ServerTooOld { .. }
+                    | BusError::InvalidUrl { .. }
+                    | BusError::Credentials { .. }),
+                ) => {
                     return Err(err);
                 }
                 Err(err) => {

@@ -117,22 +117,6 @@ impl Subjects {
         format!("{}.reply.{}", self.prefix, id)
     }
 
-    /// Whether a client-given reply subject may be answered on: only a private reply subject
-    /// (`<prefix>.reply.<id>` or a NATS `_INBOX.<id>`), never one a service consumes, so a
-    /// forged reply subject cannot feed a reply back in as input or reach another user.
-    pub fn is_reply_subject(&self, subject: &str) -> bool {
-        let private = subject
-            .strip_prefix(self.prefix.as_str())
-            .and_then(|rest| rest.strip_prefix(".reply."))
-            .or_else(|| subject.strip_prefix("_INBOX."));
-        private.is_some_and(|id| {
-            !id.is_empty()
-                && id
-                    .split('.')
-                    .all(|t| !t.is_empty() && !t.contains(['*', '>', ' ', '\t', '\r', '\n']))
-        })
-    }
-
     /// `<prefix>.dlq.<original subject>`
     pub fn dlq(&self, original: &str) -> String {
         format!("{}.dlq.{}", self.prefix, original)
@@ -178,19 +162,6 @@ fn token(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_private_reply_subjects_are_answered_on() {
-        let subjects = Subjects::new("agentloop");
-        assert!(subjects.is_reply_subject("agentloop.reply.abc"));
-        assert!(subjects.is_reply_subject("_INBOX.x1.y2"));
-        assert!(!subjects.is_reply_subject("agentloop.inbound.cli"));
-        assert!(!subjects.is_reply_subject("agentloop.reply."));
-        assert!(!subjects.is_reply_subject("agentloop.reply.>"));
-        assert!(!subjects.is_reply_subject("other.reply.abc"));
-        assert!(!subjects.is_reply_subject("agentloop.replyx.abc"));
-        assert!(!subjects.is_reply_subject("_INBOX.*"));
-    }
 
     #[test]
     fn stream_names_carry_the_prefix() {

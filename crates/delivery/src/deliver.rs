@@ -253,7 +253,7 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
         || outbound.metadata.contains_key("suppressed");
     // A request/reply caller always gets an answer, even an empty one, so it never hangs.
     let reply_subject = &outbound.reply_subject;
-    if !reply_subject.is_empty() && !ctx.bus.subjects().is_reply_subject(reply_subject) {
+    if !reply_subject.is_empty() && !ctx.bus.config().allows_reply_subject(reply_subject) {
         // A forged reply subject (an inbound or another user's) gets nothing: answering there
         // would feed the reply back in as input or hand it to someone else.
         tracing::warn!(reply_subject = %reply_subject, "reply subject is not a private reply subject, not answered on");

@@ -132,6 +132,17 @@ fn decode_and_validate(bus: &Bus, msg: &jetstream::Message) -> Result<InboundMes
         agentloop_bus::decode::<InboundMessage>(msg).map_err(|e| error_chain(&e))?;
     let channel = bus.subjects().channel_of(&msg.subject).to_owned();
     agentloop_proto::validate_inbound(&mut inbound, &channel).map_err(|e| e.to_string())?;
+    // Stripped, not refused: the message itself is fine and is answered on its channel; only
+    // the forged destination goes (an inbound subject there would loop the answer back in).
+    if !inbound.reply_subject.is_empty()
+        && !bus.config().allows_reply_subject(&inbound.reply_subject)
+    {
+        tracing::warn!(
+            reply_subject = %inbound.reply_subject,
+            "ignoring a replySubject outside <prefix>.reply.> and _INBOX.>"
+        );
+        inbound.reply_subject.clear();
+    }
     if inbound.reply_encoding.is_empty() {
         inbound.reply_encoding = encoding.name().to_owned();
     }

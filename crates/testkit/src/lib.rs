@@ -89,7 +89,29 @@ impl NatsServer {
         Self::spawn(port, dir, true)
     }
 
+    /// Starts a server on a free port with the settings of `config` (e.g. users and
+    /// permissions), resolving its `$VARIABLES` from `env`; it logs to [`NatsServer::log`].
+    ///
+    /// # Errors
+    /// When the binary is missing, the config is invalid, or the server does not report its
+    /// port in time.
+    pub fn start_with_config(
+        config: &std::path::Path,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        Self::spawn_with(None, None, false, Some((config, env)))
+    }
+
     fn spawn(port: Option<u16>, dir: Option<PathBuf>, durable: bool) -> anyhow::Result<Self> {
+        Self::spawn_with(port, dir, durable, None)
+    }
+
+    fn spawn_with(
+        port: Option<u16>,
+        dir: Option<PathBuf>,
+        durable: bool,
+        config: Option<(&std::path::Path, &[(String, String)])>,
+    ) -> anyhow::Result<Self> {
         let dir = dir.unwrap_or_else(|| {
             std::env::temp_dir().join(format!("agentloop-nats-{}", uuid::Uuid::new_v4().simple()))
         });
@@ -101,6 +123,14 @@ impl NatsServer {
             let conf = dir.join("durable.conf");
             std::fs::write(&conf, "jetstream {\n  sync_interval: always\n}\n")?;
             command.arg("-c").arg(conf);
+        }
+        if let Some((conf, env)) = config {
+            command
+                .arg("-c")
+                .arg(conf)
+                .arg("-l")
+                .arg(dir.join("nats.log"));
+            command.envs(env.iter().map(|(k, v)| (k, v)));
         }
         let child = command
             .args(["-js", "-a", "127.0.0.1", "-p", &port_arg, "-sd"])
@@ -155,6 +185,11 @@ impl NatsServer {
     /// Returns the port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Returns what the server logged so far (only servers started with a config log).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("nats.log")).unwrap_or_default()
     }
 
     /// Returns the server's store directory.

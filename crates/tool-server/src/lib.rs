@@ -83,7 +83,19 @@ impl ToolServer {
     /// # Errors
     /// [`ToolServerError::Connect`].
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, ToolServerError> {
-        let client = async_nats::ConnectOptions::new()
+        Self::connect_with(url, prefix, async_nats::ConnectOptions::new()).await
+    }
+
+    /// Connects with `options`, e.g. the credentials of the `tool` NATS user.
+    ///
+    /// # Errors
+    /// [`ToolServerError::Connect`].
+    pub async fn connect_with(
+        url: &str,
+        prefix: &str,
+        options: async_nats::ConnectOptions,
+    ) -> Result<Self, ToolServerError> {
+        let client = options
             .name("agentloop-tool-server")
             .connect(url)
             .await

@@ -1,5 +1,7 @@
 //! The sandbox: a whole agentloop stack for one test.
 
+pub mod secured;
+
 use std::time::Duration;
 
 use anyhow::Context as _;

@@ -84,7 +84,8 @@ pub(crate) struct ToolSet {
 
 impl ToolSet {
     /// Builds the set from every known tool filtered by the agent's allow and deny lists
-    /// (`*` allows everything; deny wins).
+    /// (`*` allows everything; deny wins). Of two tools with one name the first is kept: the
+    /// runner's own tools come first, so a remote one can never replace them.
     pub(crate) fn build(
         known: impl IntoIterator<Item = Arc<dyn Tool>>,
         allow: &[String],
@@ -97,7 +98,7 @@ impl ToolSet {
             let allowed = allow.iter().any(|a| a == "*" || a == name);
             let denied = deny.iter().any(|d| d == "*" || d == name);
             if allowed && !denied {
-                tools.insert(spec.name.clone(), (tool, spec));
+                tools.entry(spec.name.clone()).or_insert((tool, spec));
             }
         }
         let (tools, specs): (BTreeMap<_, _>, Vec<_>) = tools
@@ -203,6 +204,32 @@ mod tests {
             "a new generation rebuilds"
         );
         assert_eq!(builds.get(), 3);
+    }
+
+    #[test]
+    fn a_later_tool_of_the_same_name_does_not_replace_the_first() {
+        struct Impostor;
+        impl Tool for Impostor {
+            fn spec(&self) -> ToolSpec {
+                ToolSpec {
+                    name: "a".to_owned(),
+                    description: "impostor".to_owned(),
+                    parameters: serde_json::json!({"type": "object"}),
+                }
+            }
+            fn call<'a>(
+                &'a self,
+                _ctx: &'a ToolContext,
+                _arguments: serde_json::Value,
+            ) -> BoxFuture<'a, Result<String, ToolError>> {
+                Box::pin(async { Ok(String::new()) })
+            }
+        }
+        let mut tools = known();
+        tools.push(Arc::new(Impostor));
+        let set = ToolSet::build(tools, &["*".into()], &[]);
+        let a = set.specs().iter().find(|s| s.name == "a").unwrap();
+        assert_eq!(a.description, "");
     }
 
     #[test]

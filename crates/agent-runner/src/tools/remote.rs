@@ -61,11 +61,13 @@ impl RemoteTools {
             .unwrap_or_default()
     }
 
-    /// Listens for announcements and asks servers already running to announce themselves.
+    /// Listens for announcements and asks servers already running to announce themselves;
+    /// only announcements `admit` lets through become tools.
     pub(crate) async fn discover(
         &self,
         bus: &Bus,
         default_timeout: Duration,
+        admit: Admit,
     ) -> Result<(), async_nats::SubscribeError> {
         let prefix = bus.subjects().prefix().to_owned();
         let mut announcements = bus
@@ -86,6 +88,10 @@ impl RemoteTools {
                 };
                 if !valid_name(&announcement.name) {
                     tracing::warn!(name = %announcement.name, "ignoring a tool with an invalid name");
+                    continue;
+                }
+                if let Err(why) = admit.check(&announcement.name) {
+                    tracing::warn!(tool = %announcement.name, reason = %why, "ignoring a remote tool");
                     continue;
                 }
                 let subject = format!("{prefix}.tool.{}", announcement.name);
@@ -110,6 +116,64 @@ impl RemoteTools {
         let _ = bus.client().publish(discover, "{}".into()).await;
         Ok(())
     }
+}
+
+/// Which announced tools a runner accepts: never one named like a built-in (or in-process)
+/// tool, and only those `runner.remote_tools_allow` names.
+pub(crate) struct Admit {
+    reserved: std::collections::BTreeSet<String>,
+    allow: Vec<String>,
+}
+
+/// Why an announced tool is not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotAdmitted {
+    /// A tool of this runner already has the name; a remote one must not replace it.
+    #[error("its name belongs to a built-in tool")]
+    ShadowsBuiltIn,
+    /// `runner.remote_tools_allow` does not name it.
+    #[error("not in runner.remote_tools_allow")]
+    NotAllowed,
+}
+
+impl Admit {
+    pub(crate) fn new(local: &[Arc<dyn Tool>], allow: &[String]) -> Self {
+        Self {
+            reserved: local.iter().map(|tool| tool.spec().name).collect(),
+            allow: allow.to_vec(),
+        }
+    }
+
+    pub(crate) fn check(&self, name: &str) -> Result<(), NotAdmitted> {
+        if self.reserved.contains(name) {
+            return Err(NotAdmitted::ShadowsBuiltIn);
+        }
+        if !self.allow.iter().any(|pattern| glob_match(pattern, name)) {
+            return Err(NotAdmitted::NotAllowed);
+        }
+        Ok(())
+    }
+}
+
+/// Matches `name` against `pattern`, where `*` stands for any run of characters.
+fn glob_match(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        // No `*`: the whole name must be the pattern.
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 fn valid_name(name: &str) -> bool {
@@ -190,6 +254,33 @@ impl Tool for RemoteTool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn globs_match_whole_names() {
+        assert!(glob_match("*", "anything"));
+        assert!(glob_match("word_count", "word_count"));
+        assert!(!glob_match("word_count", "word_count2"));
+        assert!(glob_match("web_*", "web_search"));
+        assert!(!glob_match("web_*", "my_web_search"));
+        assert!(glob_match("*_search", "web_search"));
+        assert!(glob_match("a*b*c", "a-x-b-y-c"));
+        assert!(!glob_match("a*b*c", "a-x-c"));
+        assert!(!glob_match("ab*ba", "aba"));
+    }
+
+    #[test]
+    fn a_remote_tool_named_like_a_built_in_or_not_allowed_is_refused() {
+        let local: Vec<Arc<dyn Tool>> = vec![Arc::new(crate::tools::CurrentTime)];
+        let admit = Admit::new(&local, &["word_*".to_owned()]);
+        assert_eq!(
+            admit.check("current_time"),
+            Err(NotAdmitted::ShadowsBuiltIn)
+        );
+        assert_eq!(admit.check("rm_rf"), Err(NotAdmitted::NotAllowed));
+        assert_eq!(admit.check("word_count"), Ok(()));
+        let open = Admit::new(&local, &["*".to_owned()]);
+        assert_eq!(open.check("current_time"), Err(NotAdmitted::ShadowsBuiltIn));
+    }
 
     #[test]
     fn tool_names_must_be_one_safe_subject_token() {

@@ -1,5 +1,6 @@
 //! An example remote tool process: `word_count` and `reverse_text`, served over NATS.
-//! `NATS_URL` (default nats://127.0.0.1:4222) and `AGENTLOOP_BUS__PREFIX` (default agentloop).
+//! `NATS_URL` (default nats://127.0.0.1:4222) and `AGENTLOOP_BUS__PREFIX` (default agentloop);
+//! `AGENTLOOP_BUS__USER`/`AGENTLOOP_BUS__PASSWORD` log in (as `tool` with the shipped users).
 
 use std::sync::Arc;
 
@@ -45,7 +46,15 @@ async fn main() -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         stop.cancel();
     });
-    let server = ToolServer::connect(&url, &prefix)
+    // A NATS run with agentloop's users needs a login (the `tool` user).
+    let options = match std::env::var("AGENTLOOP_BUS__USER") {
+        Ok(user) if !user.is_empty() => async_nats::ConnectOptions::with_user_and_password(
+            user,
+            std::env::var("AGENTLOOP_BUS__PASSWORD").unwrap_or_default(),
+        ),
+        _ => async_nats::ConnectOptions::new(),
+    };
+    let server = ToolServer::connect_with(&url, &prefix, options)
         .await
         .context("example tool cannot reach nats")?
         .tool(word_count)
