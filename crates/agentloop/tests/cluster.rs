@@ -234,14 +234,27 @@ async fn publish_until_acked(js: &jetstream::Context, session: &str, tag: &str) 
 
 /// Reads every reply the capture stream stored, in stream order.
 async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
-    let stream = js.get_stream(CAPTURE).await.unwrap();
-    let consumer: jetstream::consumer::PullConsumer = stream
-        .create_consumer(jetstream::consumer::pull::Config {
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    // With a node down, the cluster may still be moving leaders: asked again until it answers.
+    let consumer: jetstream::consumer::PullConsumer = wait_until(
+        "a reader of the capture stream",
+        Duration::from_secs(30),
+        || {
+            let js = js.clone();
+            async move {
+                js.get_stream(CAPTURE)
+                    .await
+                    .ok()?
+                    .create_consumer(jetstream::consumer::pull::Config {
+                        ack_policy: jetstream::consumer::AckPolicy::None,
+                        ..Default::default()
+                    })
+                    .await
+                    .ok()
+            }
+        },
+    )
+    .await
+    .unwrap();
     let pending = consumer.cached_info().num_pending;
     let mut replies = Vec::new();
     let mut messages = consumer.messages().await.unwrap();

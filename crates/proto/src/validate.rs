@@ -129,18 +129,7 @@ pub fn validate_inbound(
     msg: &mut InboundMessage,
     subject_channel: &str,
 ) -> Result<(), ValidationError> {
-    if msg.session_key.trim().is_empty() {
-        return Err(ValidationError::MissingSessionKey);
-    }
-    if msg.session_key.len() > MAX_SESSION_KEY_LEN {
-        return Err(ValidationError::SessionKeyTooLong);
-    }
-    if msg.text.trim().is_empty() {
-        return Err(ValidationError::MissingText);
-    }
-    if msg.text.len() > MAX_TEXT_LEN {
-        return Err(ValidationError::TextTooLong);
-    }
+    check_key_and_text(&msg.session_key, &msg.text)?;
     QueueMode::parse(&msg.queue_mode)?;
     refuse_nul(Field::SessionKey, &msg.session_key)?;
     refuse_nul(Field::Text, &msg.text)?;
@@ -165,12 +154,7 @@ pub fn validate_inbound(
 /// # Errors
 /// The first [`ValidationError`] found.
 pub fn validate_run_command(cmd: &RunCommand) -> Result<(), ValidationError> {
-    if cmd.session_key.len() > MAX_SESSION_KEY_LEN {
-        return Err(ValidationError::SessionKeyTooLong);
-    }
-    if cmd.text.len() > MAX_TEXT_LEN {
-        return Err(ValidationError::TextTooLong);
-    }
+    check_key_and_text(&cmd.session_key, &cmd.text)?;
     QueueMode::parse(&cmd.queue_mode)?;
     refuse_nul(Field::SessionKey, &cmd.session_key)?;
     refuse_nul(Field::Text, &cmd.text)?;
@@ -182,6 +166,24 @@ pub fn validate_run_command(cmd: &RunCommand) -> Result<(), ValidationError> {
     for (key, value) in &cmd.metadata {
         refuse_nul(Field::Metadata, key)?;
         refuse_nul(Field::Metadata, value)?;
+    }
+    Ok(())
+}
+
+/// The rules every message to a session obeys, inbound or as a run command: a session key and
+/// a text that are not blank, each within its cap.
+fn check_key_and_text(session_key: &str, text: &str) -> Result<(), ValidationError> {
+    if session_key.trim().is_empty() {
+        return Err(ValidationError::MissingSessionKey);
+    }
+    if session_key.len() > MAX_SESSION_KEY_LEN {
+        return Err(ValidationError::SessionKeyTooLong);
+    }
+    if text.trim().is_empty() {
+        return Err(ValidationError::MissingText);
+    }
+    if text.len() > MAX_TEXT_LEN {
+        return Err(ValidationError::TextTooLong);
     }
     Ok(())
 }
