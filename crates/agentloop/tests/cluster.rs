@@ -150,6 +150,17 @@ async fn leader_killed_under_load(victim_stream: &str) {
     let leader = cluster.stream_leader(victim_stream).await.unwrap();
     cluster.kill(&leader);
     let killed_at = SystemTime::now();
+    // How long nats-server itself took to elect a new leader: the part of the pause that is
+    // not agentloop's.
+    let elected = wait_until("a new leader", Duration::from_secs(60), || {
+        let (cluster, leader) = (&cluster, &leader);
+        async move {
+            let new = cluster.stream_leader(victim_stream).await.ok()?;
+            (new != *leader).then_some(())
+        }
+    })
+    .await
+    .map(|()| killed_at.elapsed().unwrap_or_default());
     while let Some(done) = senders.join_next().await {
         done.unwrap();
     }
@@ -184,7 +195,8 @@ async fn leader_killed_under_load(victim_stream: &str) {
         .and_then(|r| r.at.duration_since(killed_at).ok());
     println!(
         "killed {leader} (leader of {victim_stream}): {} replies for {total} accepted; lost {}, \
-         duplicated {}, out of order {}; longest pause {:?}; first reply {:?} after the kill",
+         duplicated {}, out of order {}; longest pause {:?}; first reply {:?} after the kill; \
+         new leader elected {elected:?} after the kill",
         history.replies.len(),
         findings.lost.len(),
         findings.duplicated.len(),
