@@ -22,4 +22,6 @@ mod poison;
 #[cfg(test)]
 mod recovery;
 #[cfg(test)]
+mod streams;
+#[cfg(test)]
 mod tracing;

@@ -55,6 +55,11 @@ pub struct BusConfig {
     pub events_in_memory: bool,
     /// Most bytes of events kept; the oldest go first.
     pub events_max_bytes: i64,
+    /// Most bytes of unprocessed work each work stream (inbound, runs, outbound) holds; past
+    /// it a publish is refused, never is accepted work dropped.
+    pub work_max_bytes: i64,
+    /// Most bytes of dead letters kept; the oldest go first.
+    pub dlq_max_bytes: i64,
     /// How long dead letters are kept.
     pub dlq_max_age_secs: u64,
     /// JetStream dedup window for `Nats-Msg-Id`.
@@ -94,6 +99,8 @@ impl Default for BusConfig {
             events_max_age_secs: 3600,
             events_in_memory: true,
             events_max_bytes: 256 * 1024 * 1024,
+            work_max_bytes: 1024 * 1024 * 1024,
+            dlq_max_bytes: 1024 * 1024 * 1024,
             dlq_max_age_secs: 14 * 24 * 3600,
             duplicate_window_secs: 120,
             ack_wait_ms: 30_000,
@@ -127,6 +134,8 @@ impl std::fmt::Debug for BusConfig {
             .field("events_max_age_secs", &self.events_max_age_secs)
             .field("events_in_memory", &self.events_in_memory)
             .field("events_max_bytes", &self.events_max_bytes)
+            .field("work_max_bytes", &self.work_max_bytes)
+            .field("dlq_max_bytes", &self.dlq_max_bytes)
             .field("dlq_max_age_secs", &self.dlq_max_age_secs)
             .field("duplicate_window_secs", &self.duplicate_window_secs)
             .field("ack_wait_ms", &self.ack_wait_ms)

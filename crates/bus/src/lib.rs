@@ -204,7 +204,7 @@ impl Bus {
     }
 
     fn stream_config(&self, kind: StreamKind) -> jetstream::stream::Config {
-        use jetstream::stream::{RetentionPolicy, StorageType};
+        use jetstream::stream::{DiscardPolicy, RetentionPolicy, StorageType};
         let c = &self.config;
         let (retention, max_age) = match kind {
             StreamKind::Inbound | StreamKind::Runs | StreamKind::Outbound => {
@@ -225,11 +225,18 @@ impl Bus {
                 StorageType::File
             },
             max_age: Duration::from_secs(max_age),
-            // Bounded so a burst of streamed deltas cannot exhaust the server's memory.
-            max_bytes: if kind == StreamKind::Events {
-                c.events_max_bytes
-            } else {
-                -1
+            // Every stream is bounded, so a flood cannot fill the server's memory or disk.
+            max_bytes: match kind {
+                StreamKind::Events => c.events_max_bytes,
+                StreamKind::Inbound | StreamKind::Runs | StreamKind::Outbound => c.work_max_bytes,
+                StreamKind::Dlq => c.dlq_max_bytes,
+            },
+            // Accepted work is never thrown away to make room: a full work stream refuses the
+            // next publish (the publisher gets an error it can show), while events and dead
+            // letters let their oldest go.
+            discard: match kind {
+                StreamKind::Inbound | StreamKind::Runs | StreamKind::Outbound => DiscardPolicy::New,
+                StreamKind::Events | StreamKind::Dlq => DiscardPolicy::Old,
             },
             duplicate_window: Duration::from_secs(c.duplicate_window_secs),
             num_replicas: c.replicas,
@@ -484,6 +491,7 @@ fn stream_settings_match(
         && current.storage == wanted.storage
         && current.max_age == wanted.max_age
         && current.max_bytes == wanted.max_bytes
+        && current.discard == wanted.discard
         && current.duplicate_window == wanted.duplicate_window
         && current.num_replicas == wanted.num_replicas
 }
