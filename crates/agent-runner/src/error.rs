@@ -7,13 +7,13 @@ pub enum RunnerError {
     #[error("bus setup failed")]
     Bus(#[from] agentloop_bus::BusError),
     /// The memory URL is not a valid URI.
-    #[error("invalid memory url {url}")]
+    #[error("cannot reach memory at {url}")]
     MemoryUrl {
         /// The URL configured.
         url: String,
         /// The parser's complaint.
         #[source]
-        source: tonic::transport::Error,
+        source: agentloop_telemetry::ChannelError,
     },
     /// The model client could not be built.
     #[error("invalid model configuration")]

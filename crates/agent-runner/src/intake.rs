@@ -83,12 +83,11 @@ pub(crate) async fn serve(
         "Run commands dead-lettered.",
     );
     let models = ModelClient::new(&config.models)?;
-    let channel = agentloop_telemetry::traced_channel(&config.memory.url).map_err(|source| {
-        RunnerError::MemoryUrl {
+    let channel = agentloop_telemetry::traced_channel(&config.memory.url, &config.memory.secret)
+        .map_err(|source| RunnerError::MemoryUrl {
             url: config.memory.url.clone(),
             source,
-        }
-    })?;
+        })?;
     let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
         return Ok(());
     };

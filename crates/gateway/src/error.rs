@@ -25,13 +25,13 @@ pub enum GatewayError {
         source: async_nats::SubscribeError,
     },
     /// `[memory] url` is not a valid URI.
-    #[error("invalid memory url {url}")]
+    #[error("cannot reach memory at {url}")]
     MemoryUrl {
         /// The configured URL.
         url: String,
         /// The parse error.
         #[source]
-        source: tonic::transport::Error,
+        source: agentloop_telemetry::ChannelError,
     },
     /// A token is a placeholder (`CHANGE_ME`, the development token) outside dev mode.
     #[error(

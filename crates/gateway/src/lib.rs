@@ -61,7 +61,7 @@ impl Gateway {
         }
         let guard = Guard::new(&config.gateway)?;
         let url = config.memory.url.clone();
-        let channel = agentloop_telemetry::traced_channel(&url)
+        let channel = agentloop_telemetry::traced_channel(&url, &config.memory.secret)
             .map_err(|source| GatewayError::MemoryUrl { url, source })?;
         let addr = config.gateway.listen.clone();
         let listener = tokio::net::TcpListener::bind(&addr)

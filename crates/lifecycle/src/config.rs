@@ -33,18 +33,37 @@ pub enum ConfigError {
 }
 
 /// The part of `[memory]` that clients of the memory service read.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
 #[serde(default)]
 pub struct MemoryEndpoint {
     /// gRPC URL of the memory service.
     pub url: String,
+    /// Shared secret the memory service asks for (`memory.secret`); empty sends none.
+    pub secret: String,
 }
 
 impl Default for MemoryEndpoint {
     fn default() -> Self {
         Self {
             url: "http://127.0.0.1:50051".to_owned(),
+            secret: String::new(),
         }
+    }
+}
+
+impl std::fmt::Debug for MemoryEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryEndpoint")
+            .field("url", &self.url)
+            .field(
+                "secret",
+                &if self.secret.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .finish()
     }
 }
 

@@ -39,6 +39,9 @@ pub struct MemorySettings {
     pub batch_lanes: usize,
     /// Most calls in one batch.
     pub batch_max_calls: usize,
+    /// Shared secret every gRPC call must present (`authorization: Bearer <secret>`); empty
+    /// accepts every caller that can reach `listen`.
+    pub secret: String,
 }
 
 impl Default for MemorySettings {
@@ -52,6 +55,7 @@ impl Default for MemorySettings {
             history_limit: 200,
             batch_lanes: 1,
             batch_max_calls: 64,
+            secret: String::new(),
         }
     }
 }
@@ -67,6 +71,14 @@ impl std::fmt::Debug for MemorySettings {
             .field("history_limit", &self.history_limit)
             .field("batch_lanes", &self.batch_lanes)
             .field("batch_max_calls", &self.batch_max_calls)
+            .field(
+                "secret",
+                &if self.secret.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
             .finish()
     }
 }

@@ -6,6 +6,7 @@
 //! Every write of a run is fenced by the session's lease epoch inside the statement that
 //! performs it, so a replica that lost its lease cannot write (STACK.md §2, design c2).
 
+mod auth;
 mod config;
 mod error;
 mod grpc;

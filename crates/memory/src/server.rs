@@ -97,13 +97,14 @@ impl Memory {
         // leave a server that can never become ready.
         let stop = shutdown.child_token();
         let incoming = agentloop_telemetry::grpc_incoming(listener);
+        let secret = crate::auth::RequireSecret::new(&config.memory.secret);
         let grpc = {
             let stop = stop.clone();
             async move {
                 tracing::info!(addr = %local_addr, "memory grpc serving");
                 let served = tonic::transport::Server::builder()
                     .trace_fn(agentloop_telemetry::grpc_server_span)
-                    .add_service(SessionServiceServer::new(api))
+                    .add_service(SessionServiceServer::with_interceptor(api, secret))
                     .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned())
                     .await
                     .map_err(MemoryError::Serve);

@@ -7,13 +7,13 @@ pub enum RouterError {
     #[error("bus setup failed")]
     Bus(#[from] agentloop_bus::BusError),
     /// The memory URL is not a valid URI.
-    #[error("invalid memory url {url}")]
+    #[error("cannot reach memory at {url}")]
     MemoryUrl {
         /// The URL configured.
         url: String,
         /// The parser's complaint.
         #[source]
-        source: tonic::transport::Error,
+        source: agentloop_telemetry::ChannelError,
     },
     /// The admin server could not bind.
     #[error("failed to bind admin address {addr}")]

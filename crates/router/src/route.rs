@@ -56,12 +56,11 @@ pub(crate) async fn serve(
     else {
         return Ok(());
     };
-    let channel = agentloop_telemetry::traced_channel(&config.memory.url).map_err(|source| {
-        RouterError::MemoryUrl {
+    let channel = agentloop_telemetry::traced_channel(&config.memory.url, &config.memory.secret)
+        .map_err(|source| RouterError::MemoryUrl {
             url: config.memory.url.clone(),
             source,
-        }
-    })?;
+        })?;
     let mut messages = bus
         .deliveries(StreamKind::Inbound, &config.router.consumer)
         .await?;

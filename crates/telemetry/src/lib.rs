@@ -9,8 +9,8 @@ mod propagation;
 pub use coalesce::CoalescingIo;
 
 pub use propagation::{
-    GrpcTraceInjector, TracedChannel, grpc_incoming, grpc_server_span, inject_grpc, inject_map,
-    inject_nats, set_parent_from_map, set_parent_from_nats, traced_channel,
+    ChannelError, GrpcTraceInjector, TracedChannel, grpc_incoming, grpc_server_span, inject_grpc,
+    inject_map, inject_nats, set_parent_from_map, set_parent_from_nats, traced_channel,
 };
 
 use opentelemetry::trace::TracerProvider as _;

@@ -63,8 +63,11 @@ pub fn inject_grpc(metadata: &mut tonic::metadata::MetadataMap) {
 }
 
 /// A tonic interceptor that adds `traceparent` to every outgoing call.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GrpcTraceInjector;
+#[derive(Debug, Clone, Default)]
+pub struct GrpcTraceInjector {
+    /// `Bearer <secret>` for a memory service that asks for its shared secret.
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
 
 impl tonic::service::Interceptor for GrpcTraceInjector {
     fn call(
@@ -72,8 +75,24 @@ impl tonic::service::Interceptor for GrpcTraceInjector {
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
         inject_grpc(request.metadata_mut());
+        if let Some(authorization) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
         Ok(request)
     }
+}
+
+/// Why a channel to the memory service cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// The URL is not a valid URI.
+    #[error("not a valid URI")]
+    Url(#[source] tonic::transport::Error),
+    /// The shared secret holds characters a gRPC header cannot carry.
+    #[error("the shared secret must be visible ASCII")]
+    Secret,
 }
 
 /// A gRPC channel that adds `traceparent` to every call.
@@ -176,18 +195,29 @@ pub fn grpc_incoming(
         .map(|accepted| accepted.map(CoalescingIo::new))
 }
 
-/// Returns a lazily connecting, self-reconnecting channel to `url` that propagates traces.
+/// Returns a lazily connecting, self-reconnecting channel to `url` that propagates traces and,
+/// when `secret` is not empty, presents it as `authorization: Bearer <secret>` on every call.
 ///
 /// # Errors
-/// When `url` is not a valid URI.
-pub fn traced_channel(url: &str) -> Result<TracedChannel, tonic::transport::Error> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
+/// [`ChannelError`] when `url` is not a valid URI or `secret` cannot be a header.
+pub fn traced_channel(url: &str, secret: &str) -> Result<TracedChannel, ChannelError> {
+    let authorization = if secret.is_empty() {
+        None
+    } else {
+        Some(
+            format!("Bearer {secret}")
+                .parse()
+                .map_err(|_| ChannelError::Secret)?,
+        )
+    };
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(ChannelError::Url)?
         .connect_timeout(std::time::Duration::from_secs(2))
         .http2_keep_alive_interval(std::time::Duration::from_secs(30))
         .connect_with_connector_lazy(CoalescingConnector);
     Ok(tonic::service::interceptor::InterceptedService::new(
         WholeBody(channel),
-        GrpcTraceInjector,
+        GrpcTraceInjector { authorization },
     ))
 }
 

@@ -16,6 +16,7 @@ use crate::wait_until;
 
 /// A memory server running in this process.
 struct Running {
+    addr: String,
     health: Health,
     client: SessionServiceClient<Channel>,
     shutdown: CancellationToken,
@@ -24,11 +25,16 @@ struct Running {
 
 impl Running {
     async fn start(database_url: String) -> Running {
+        Self::start_with_secret(database_url, "").await
+    }
+
+    async fn start_with_secret(database_url: String, secret: &str) -> Running {
         let config = MemoryConfig {
             memory: MemorySettings {
                 listen: "127.0.0.1:0".to_owned(),
                 database_url,
                 max_connections: 4,
+                secret: secret.to_owned(),
                 ..MemorySettings::default()
             },
         };
@@ -36,13 +42,15 @@ impl Running {
         let memory = Memory::bind(config, health.clone())
             .await
             .expect("port 0 on loopback binds");
-        let url = format!("http://{}", memory.local_addr());
+        let addr = memory.local_addr().to_string();
+        let url = format!("http://{addr}");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(memory.serve(shutdown.clone()));
         let client = SessionServiceClient::connect(url)
             .await
             .expect("the listener is bound, so connecting succeeds");
         Running {
+            addr,
             health,
             client,
             shutdown,
@@ -82,6 +90,48 @@ fn url_of(pool: &PgPool) -> String {
         options.get_port(),
         options.get_database().unwrap_or("postgres"),
     )
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn with_a_shared_secret_a_caller_without_it_reads_nothing(pool: PgPool) {
+    // Arrange: memory asking for a secret, and a session stored through a caller that has it.
+    let server = Running::start_with_secret(url_of(&pool), "s3cret").await;
+    server.wait_ready().await;
+    let url = format!("http://{}", server.addr);
+    let mut trusted = SessionServiceClient::new(
+        agentloop_telemetry::traced_channel(&url, "s3cret").expect("valid"),
+    );
+    let resolve = pb::ResolveSessionRequest {
+        session_key: "cli:alice".to_owned(),
+        agent_id: String::new(),
+        channel: "cli".to_owned(),
+    };
+    let session = trusted
+        .resolve_session(resolve.clone())
+        .await
+        .expect("the secret is accepted")
+        .into_inner();
+
+    // Act: a caller that merely reaches the port, and one with a wrong secret.
+    let mut stranger = server.client.clone();
+    let anonymous = stranger.resolve_session(resolve.clone()).await;
+    let mut guesser = SessionServiceClient::new(
+        agentloop_telemetry::traced_channel(&url, "guess").expect("valid"),
+    );
+    let history = guesser
+        .get_history(pb::GetHistoryRequest {
+            session_id: session.id.clone(),
+            ..Default::default()
+        })
+        .await;
+
+    // Assert: both refused as unauthenticated.
+    assert_eq!(
+        anonymous.expect_err("refused").code(),
+        Code::Unauthenticated
+    );
+    assert_eq!(history.expect_err("refused").code(), Code::Unauthenticated);
+    server.stop().await;
 }
 
 #[sqlx::test(migrations = "./migrations")]
