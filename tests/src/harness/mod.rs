@@ -175,7 +175,7 @@ impl Sandbox {
     /// Waits until every stream and durable consumer exists, i.e. every service is consuming.
     async fn wait_ready(&self) -> anyhow::Result<()> {
         // Memory answers UNAVAILABLE until its database is migrated.
-        let channel = agentloop_telemetry::traced_channel(&self.memory_url)?;
+        let channel = agentloop_telemetry::traced_channel(&self.memory_url, "")?;
         let memory =
             agentloop_proto::v1::session_service_client::SessionServiceClient::new(channel);
         agentloop_testkit::wait_until("memory ready", Duration::from_secs(20), || {
