@@ -16,7 +16,7 @@ pub use config::{MemoryConfig, MemorySettings};
 pub use error::MemoryError;
 pub use server::Memory;
 pub use store::{
-    BatchCounters, BatchSettings, Claim, Enqueued, Entry, Finished, HistoryAsk, InboxItem,
+    BatchCounters, BatchSettings, Caller, Claim, Enqueued, Entry, Finished, HistoryAsk, InboxItem,
     InboxKind, NewEntry, Run, RunOutcome, RunStatus, Session, Store, Taken,
 };
 
