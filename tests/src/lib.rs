@@ -14,6 +14,8 @@ mod gateway_exhaustion;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
+mod principals;
+#[cfg(test)]
 mod recovery;
 #[cfg(test)]
 mod tracing;
