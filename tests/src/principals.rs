@@ -3,6 +3,8 @@
 //! foreign session is `NOT_FOUND` (indistinguishable from a missing one), a missing scope is
 //! `FORBIDDEN`, and a read never creates a session.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 use crate::gateway::{Client, runs_of};
@@ -27,7 +29,19 @@ async fn gateway(sandbox: &Sandbox, extra: Value) -> Gateway {
     if let (Some(settings), Value::Object(extra)) = (settings.as_object_mut(), extra) {
         settings.extend(extra);
     }
-    Gateway::start(sandbox, settings).await.unwrap()
+    let gateway = Gateway::start(sandbox, settings).await.unwrap();
+    // Its bus connects in the background; a message sent before would be UNAVAILABLE.
+    let ready = format!("http://{}/readyz", gateway.addr);
+    agentloop_testkit::wait_until("gateway ready", Duration::from_secs(20), || {
+        let ready = ready.clone();
+        async move {
+            let status = reqwest::get(&ready).await.ok()?.status();
+            status.is_success().then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    gateway
 }
 
 /// Alice's client, after one answered message on her session; returns it and the run id.
@@ -40,6 +54,7 @@ async fn alice_with_a_session(gateway: &Gateway) -> (Client, String) {
         .await
         .unwrap();
     let accepted = alice.response(&id).await.unwrap();
+    assert_eq!(accepted["ok"], true, "{accepted}");
     let done = alice.response(&id).await.unwrap();
     assert_eq!(done["payload"]["status"], "ok", "{accepted} {done}");
     let run = accepted["payload"]["runId"].as_str().unwrap().to_owned();

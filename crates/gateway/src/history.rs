@@ -13,9 +13,9 @@ use agentloop_proto::v1::{Entry, GetHistoryRequest};
 
 use crate::RequestError;
 use crate::http::AppState;
-use crate::methods::session_id;
 use crate::params::{no_nul, parse};
 use crate::principal::Principal;
+use crate::sessions::session_id;
 
 /// The most entries one answer holds; a larger `limit` is cut to it.
 pub(crate) const MAX_LIMIT: u32 = 1000;

@@ -16,6 +16,7 @@ mod methods;
 mod openai;
 mod params;
 mod principal;
+mod sessions;
 mod ws;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
