@@ -328,10 +328,12 @@ async fn calls_before_connect_wrong_tokens_and_oversized_frames_are_refused_clea
 
 #[tokio::test]
 async fn chat_abort_publishes_an_abort_on_the_sessions_control_subject() {
-    // Arrange
+    // Arrange: the session exists (an abort of an unknown key is NOT_FOUND and creates none).
     let sandbox = Sandbox::start().await.unwrap();
     let mut control = sandbox.subscribe("control.*").await;
     let mut client = Client::connected(&sandbox, None).await.unwrap();
+    sandbox.say("ws:abort", "hello").await.unwrap();
+    sandbox.finished_runs(1).await.unwrap();
 
     // Act
     let answer = client

@@ -20,6 +20,8 @@ mod harness;
 #[cfg(test)]
 mod poison;
 #[cfg(test)]
+mod principals;
+#[cfg(test)]
 mod recovery;
 #[cfg(test)]
 mod streams;

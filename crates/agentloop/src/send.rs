@@ -23,7 +23,10 @@ impl GatewayClient {
             .unwrap_or_else(|| format!("http://{}", config.gateway.listen));
         let token = flag(args, "--token")
             .or_else(|| std::env::var("AGENTLOOP_TOKEN").ok())
-            .or_else(|| config.gateway.tokens.first().cloned());
+            .or_else(|| {
+                let first = config.gateway.tokens.first();
+                first.map(|grant| grant.token.expose().to_owned())
+            });
         Ok(Self {
             http: reqwest::Client::new(),
             url: url.trim_end_matches('/').to_owned(),

@@ -2,6 +2,8 @@
 
 use agentloop_bus::BusConfig;
 
+use crate::principal::TokenGrant;
+
 /// Everything the gateway reads from the merged configuration.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(default)]
@@ -22,16 +24,22 @@ pub struct GatewayConfig {
 pub struct ModelPolicy {
     /// The global default `provider/model`, always allowed.
     pub default_model: String,
-    /// When not empty, the only models a session may use.
+    /// When not empty, the only models a session may use. Empty: admins may use any model,
+    /// other principals only the default one.
     pub allowlist: Vec<String>,
 }
 
 impl ModelPolicy {
-    /// Returns whether a session may be switched to `model`.
+    /// Returns whether an admin may switch a session to `model`.
     pub fn allows(&self, model: &str) -> bool {
-        self.allowlist.is_empty()
-            || model == self.default_model
-            || self.allowlist.iter().any(|m| m == model)
+        self.allowlist.is_empty() || self.listed(model)
+    }
+
+    /// Returns whether a principal without admin scope may switch a session to `model`: only
+    /// the default model and the listed ones, since every other model is the operator's
+    /// decision (and bill).
+    pub fn listed(&self, model: &str) -> bool {
+        model == self.default_model || self.allowlist.iter().any(|m| m == model)
     }
 }
 
@@ -45,11 +53,12 @@ pub struct GatewaySettings {
     pub ask_timeout_ms: u64,
     /// Queue group shared by gateway replicas answering `agentloop.ask`.
     pub ask_queue_group: String,
-    /// Tokens accepted by `/ws` `connect` and `Authorization: Bearer`; empty means only
-    /// loopback clients are served. The environment gives them comma-separated
-    /// (`AGENTLOOP_GATEWAY__TOKENS=a,b`).
-    #[serde(deserialize_with = "list_or_commas")]
-    pub tokens: Vec<String>,
+    /// Tokens accepted by `/ws` `connect` and `Authorization: Bearer`, each standing for a
+    /// principal with scopes (`[[gateway.tokens]] token, principal, scopes`); a plain string
+    /// (`tokens = ["a"]`, or comma-separated `AGENTLOOP_GATEWAY__TOKENS=a,b`) is an admin.
+    /// Empty means only loopback clients are served, as admins.
+    #[serde(deserialize_with = "grants")]
+    pub tokens: Vec<TokenGrant>,
     /// How long a client waits for a run's end when it names no timeout.
     pub run_timeout_ms: u64,
     /// How long a repeated idempotency key returns the first answer.
@@ -132,9 +141,55 @@ impl GatewaySettings {
         }
         self.tokens
             .iter()
-            .map(String::as_str)
+            .map(|t| t.token.expose())
             .find(|t| PLACEHOLDER_TOKENS.contains(t))
     }
+
+    /// Returns a token grant that cannot be served (and why): one without principal or
+    /// scopes, or a secret given twice.
+    pub(crate) fn token_problem(&self) -> Option<(String, &'static str)> {
+        for (i, grant) in self.tokens.iter().enumerate() {
+            let name = || grant.principal.clone().unwrap_or_else(|| format!("#{i}"));
+            if let Some(problem) = grant.problem() {
+                return Some((name(), problem));
+            }
+            if self.tokens[..i].iter().any(|g| g.token == grant.token) {
+                return Some((name(), "the same token is configured twice"));
+            }
+        }
+        None
+    }
+}
+
+/// Reads `tokens`: a list of strings and/or tables, or comma-separated text (environment
+/// variables are strings); a string is an admin token.
+fn grants<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<TokenGrant>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Item {
+        Plain(String),
+        Grant(TokenGrant),
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Grants {
+        List(Vec<Item>),
+        Commas(String),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        Grants::List(items) => items
+            .into_iter()
+            .map(|item| match item {
+                Item::Plain(token) => TokenGrant::admin(token),
+                Item::Grant(grant) => grant,
+            })
+            .collect(),
+        Grants::Commas(text) => split_commas(&text).map(TokenGrant::admin).collect(),
+    })
+}
+
+fn split_commas(text: &str) -> impl Iterator<Item = &str> {
+    text.split(',').map(str::trim).filter(|t| !t.is_empty())
 }
 
 /// Reads a TOML list, or a comma-separated string (environment variables are strings).
@@ -147,12 +202,7 @@ fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>,
     }
     Ok(match serde::Deserialize::deserialize(d)? {
         ListOrCommas::List(list) => list,
-        ListOrCommas::Commas(text) => text
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
-            .collect(),
+        ListOrCommas::Commas(text) => split_commas(&text).map(str::to_owned).collect(),
     })
 }
 
@@ -160,13 +210,45 @@ fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>,
 mod tests {
     use super::*;
 
+    use crate::principal::Scope;
+
     #[test]
-    fn tokens_come_as_a_list_or_as_comma_separated_text() {
+    fn tokens_come_as_a_list_or_as_comma_separated_text_and_mean_admin() {
+        let admins = [TokenGrant::admin("a"), TokenGrant::admin("b")];
         let listed: GatewaySettings = toml::from_str(r#"tokens = ["a", "b"]"#).unwrap();
-        assert_eq!(listed.tokens, ["a", "b"]);
+        assert_eq!(listed.tokens, admins);
         let commas: GatewaySettings = toml::from_str(r#"tokens = "a, b,""#).unwrap();
-        assert_eq!(commas.tokens, ["a", "b"]);
+        assert_eq!(commas.tokens, admins);
         assert_eq!(commas.agents, ["main"]);
+    }
+
+    #[test]
+    fn token_tables_name_a_principal_and_its_scopes() {
+        let settings: GatewaySettings = toml::from_str(
+            r#"
+            [[tokens]]
+            token = "s1"
+            principal = "alice"
+            scopes = ["read", "write"]
+            [[tokens]]
+            token = "s2"
+            principal = "ops"
+            scopes = ["admin"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(settings.tokens[0].principal.as_deref(), Some("alice"));
+        assert_eq!(settings.tokens[0].scopes, [Scope::Read, Scope::Write]);
+        assert_eq!(settings.tokens[1].scopes, [Scope::Admin]);
+        assert_eq!(settings.token_problem(), None);
+        let unknown = toml::from_str::<GatewaySettings>(
+            r#"tokens = [{token = "s", principal = "a", scopes = ["root"]}]"#,
+        );
+        assert!(unknown.is_err());
+        let twice: GatewaySettings =
+            toml::from_str(r#"tokens = ["s", {token = "s", principal = "a", scopes = ["read"]}]"#)
+                .unwrap();
+        assert!(twice.token_problem().is_some());
     }
 
     #[test]
@@ -174,7 +256,7 @@ mod tests {
         let mut settings: GatewaySettings =
             toml::from_str(r#"tokens = "real, agentloop-dev-token""#).unwrap();
         assert_eq!(settings.placeholder_token(), Some("agentloop-dev-token"));
-        settings.tokens = vec!["CHANGE_ME".into()];
+        settings.tokens = vec![TokenGrant::admin("CHANGE_ME")];
         assert_eq!(settings.placeholder_token(), Some("CHANGE_ME"));
         settings.dev_mode = true;
         assert_eq!(settings.placeholder_token(), None);
@@ -183,15 +265,18 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_allowlist_allows_any_model_and_a_set_one_only_its_members() {
+    fn an_empty_allowlist_allows_admins_any_model_and_others_only_the_default() {
         let mut policy = ModelPolicy {
             default_model: "openai/a".into(),
             allowlist: Vec::new(),
         };
         assert!(policy.allows("anthropic/b"));
+        assert!(!policy.listed("anthropic/b"));
+        assert!(policy.listed("openai/a"));
         policy.allowlist = vec!["openai/c".into()];
         assert!(policy.allows("openai/a"));
         assert!(policy.allows("openai/c"));
         assert!(!policy.allows("anthropic/b"));
+        assert!(policy.listed("openai/c"));
     }
 }

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use agentloop_bus::{Bus, error_chain};
 use agentloop_proto::v1::{
-    BeginDispatchRequest, CompleteDispatchRequest, Dispatch, GetDispatchRequest, InboundMessage,
-    OutboundMessage, SystemEvent, session_service_client::SessionServiceClient,
+    BeginDispatchRequest, Caller, CompleteDispatchRequest, Dispatch, GetDispatchRequest,
+    InboundMessage, OutboundMessage, SystemEvent, session_service_client::SessionServiceClient,
 };
 use agentloop_telemetry::TracedChannel;
 
@@ -42,6 +42,8 @@ pub(crate) struct Submission {
     pub(crate) queue_mode: String,
     pub(crate) metadata: HashMap<String, String>,
     pub(crate) timeout: Duration,
+    /// Whom it is sent for: a new session belongs to it, another's session is not found.
+    pub(crate) caller: Caller,
 }
 
 /// How a followed run ended, from the client's point of view.
@@ -102,6 +104,7 @@ enum Follow {
 ///
 /// # Errors
 /// [`RequestError::InvalidRequest`] for a message the contract refuses,
+/// [`RequestError::NotFound`] for a session of another principal,
 /// [`RequestError::Unavailable`] when memory or the bus cannot be reached.
 pub(crate) async fn submit(
     bus: &Bus,
@@ -140,9 +143,16 @@ pub(crate) async fn submit(
             ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
             agent_id: inbound.agent_id.clone(),
             channel: inbound.channel.clone(),
+            caller: Some(submission.caller),
             ..Default::default()
         })
-        .await?
+        .await
+        .map_err(|status| match RequestError::from(status) {
+            RequestError::NotFound(_) => {
+                RequestError::NotFound(format!("no session {:?}", inbound.session_key))
+            }
+            other => other,
+        })?
         .into_inner();
     let session_id = record.session_id.clone();
     let msg_id = format!("{}:{}", inbound.session_key, idempotency_key);
@@ -321,9 +331,11 @@ async fn next_event(events: Option<&mut async_nats::Subscriber>) -> Option<async
 /// Watches a dispatch record (by run handle or run id) until it has an answer or `deadline`.
 ///
 /// # Errors
-/// [`RequestError::NotFound`] when there is no live record under `run_id`.
+/// [`RequestError::NotFound`] when there is no live record under `run_id` of a session
+/// `caller` sees.
 pub(crate) async fn wait(
     sessions: &Sessions,
+    caller: Caller,
     run_id: &str,
     deadline: Instant,
 ) -> Result<Finished, RequestError> {
@@ -331,6 +343,7 @@ pub(crate) async fn wait(
         .clone()
         .get_dispatch(GetDispatchRequest {
             run_id: run_id.to_owned(),
+            caller: Some(caller),
             ..Default::default()
         })
         .await?
@@ -349,6 +362,11 @@ async fn wait_for_record(sessions: &Sessions, run_handle: &str, deadline: Instan
             .clone()
             .get_dispatch(GetDispatchRequest {
                 run_id: run_handle.to_owned(),
+                // The caller was checked when it was given this handle (submit or `wait`).
+                caller: Some(Caller {
+                    admin: true,
+                    ..Default::default()
+                }),
                 ..Default::default()
             })
             .await;

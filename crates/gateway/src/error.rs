@@ -42,6 +42,14 @@ pub enum GatewayError {
         /// The placeholder found.
         token: String,
     },
+    /// A `[gateway.tokens]` entry cannot be served.
+    #[error("invalid gateway.tokens entry {principal}: {reason}")]
+    InvalidToken {
+        /// The entry's principal, or its position.
+        principal: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A `[gateway]` setting cannot be read.
     #[error("invalid gateway.{key} entry {value:?}: {reason}")]
     InvalidSetting {
@@ -89,9 +97,12 @@ pub enum RequestError {
         /// The configured limit.
         limit: usize,
     },
-    /// What was asked for does not exist.
+    /// What was asked for does not exist, or belongs to another principal.
     #[error("{0}")]
     NotFound(String),
+    /// The token lacks the scope the method needs.
+    #[error("{0}")]
+    Forbidden(String),
     /// A dependency (bus, memory) cannot be reached; retrying later may work.
     #[error("{0}")]
     Unavailable(String),
@@ -108,6 +119,7 @@ impl RequestError {
             Self::RateLimited { .. } | Self::AuthThrottled { .. } => "RATE_LIMITED",
             Self::FrameTooLarge { .. } => "FRAME_TOO_LARGE",
             Self::NotFound(_) => "NOT_FOUND",
+            Self::Forbidden(_) => "FORBIDDEN",
             Self::Unavailable(_) => "UNAVAILABLE",
         }
     }

@@ -13,8 +13,9 @@ use agentloop_proto::v1::{Entry, GetHistoryRequest};
 
 use crate::RequestError;
 use crate::http::AppState;
-use crate::methods::session_id;
 use crate::params::{no_nul, parse};
+use crate::principal::Principal;
+use crate::sessions::session_id;
 
 /// The most entries one answer holds; a larger `limit` is cut to it.
 pub(crate) const MAX_LIMIT: u32 = 1000;
@@ -38,8 +39,13 @@ struct HistoryParams {
     before: Option<i64>,
 }
 
-/// `chat.history`: a page of the session's transcript, oldest first.
-pub(crate) async fn chat_history(state: &AppState, params: Value) -> Result<Value, RequestError> {
+/// `chat.history`: a page of the session's transcript, oldest first; a session `who` does not
+/// see (or none) is not found, and nothing is created.
+pub(crate) async fn chat_history(
+    state: &AppState,
+    who: &Principal,
+    params: Value,
+) -> Result<Value, RequestError> {
     let p: HistoryParams = parse("chat.history", params)?;
     no_nul("sessionKey", &p.session_key)?;
     let limit = p
@@ -47,7 +53,7 @@ pub(crate) async fn chat_history(state: &AppState, params: Value) -> Result<Valu
         .filter(|l| *l > 0)
         .unwrap_or(DEFAULT_LIMIT)
         .min(MAX_LIMIT);
-    let session_id = session_id(state, &p.session_key, "").await?;
+    let session_id = session_id(state, who, &p.session_key).await?;
     let (entries, more) = older_entries(state, &session_id, limit, p.before).await?;
     let (entries, more) = cut_to_budget(entries, more);
     let next_before = if more {

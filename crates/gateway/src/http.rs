@@ -15,6 +15,7 @@ use agentloop_bus::Bus;
 
 use crate::guard::{Guard, page_headers};
 use crate::limits::Limits;
+use crate::principal::Principal;
 use crate::{GatewayConfig, RequestError, dispatch::Sessions};
 
 /// The bound on any configured timeout.
@@ -62,8 +63,9 @@ impl AppState {
         Duration::from_millis(self.config.gateway.max_timeout_ms).min(LONGEST_TIMEOUT)
     }
 
-    /// Checks a client's token; with no token configured only loopback clients pass. `client`
-    /// is the client's address (behind a trusted proxy, the one it forwarded). Failures count
+    /// Checks a client's token and returns the principal it stands for; with no token
+    /// configured only loopback clients pass, as admins (the single local user). `client` is
+    /// the client's address (behind a trusted proxy, the one it forwarded). Failures count
     /// towards the address's throttle.
     ///
     /// # Errors
@@ -73,21 +75,21 @@ impl AppState {
         &self,
         client: IpAddr,
         token: Option<&str>,
-    ) -> Result<(), RequestError> {
+    ) -> Result<Principal, RequestError> {
         self.limits.check_auth(client)?;
         let checked = self.check_token(client, token);
         match &checked {
-            Ok(()) => self.limits.auth_succeeded(client),
+            Ok(_) => self.limits.auth_succeeded(client),
             Err(_) => self.limits.auth_failed(client),
         }
         checked
     }
 
-    fn check_token(&self, client: IpAddr, token: Option<&str>) -> Result<(), RequestError> {
+    fn check_token(&self, client: IpAddr, token: Option<&str>) -> Result<Principal, RequestError> {
         let tokens = &self.config.gateway.tokens;
         if tokens.is_empty() {
             if client.is_loopback() {
-                return Ok(());
+                return Ok(Principal::local_admin());
             }
             return Err(RequestError::Unauthorized(
                 "no tokens are configured, so only loopback clients are served".into(),
@@ -95,8 +97,11 @@ impl AppState {
         }
         match token {
             None | Some("") => Err(RequestError::Unauthorized("a token is required".into())),
-            Some(token) if tokens.iter().any(|t| constant_time_eq(t, token)) => Ok(()),
-            Some(_) => Err(RequestError::Unauthorized("invalid token".into())),
+            Some(token) => tokens
+                .iter()
+                .find(|t| constant_time_eq(t.token.expose(), token))
+                .map(Principal::of)
+                .ok_or_else(|| RequestError::Unauthorized("invalid token".into())),
         }
     }
 }

@@ -15,11 +15,14 @@ mod limits;
 mod methods;
 mod openai;
 mod params;
+mod principal;
+mod sessions;
 mod ws;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
 pub use config::{GatewayConfig, GatewaySettings, ModelPolicy, PLACEHOLDER_TOKENS};
 pub use error::{GatewayError, RequestError};
+pub use principal::{Scope, Secret, TokenGrant};
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -51,13 +54,16 @@ impl Gateway {
     ///
     /// # Errors
     /// [`GatewayError::Bind`], [`GatewayError::MemoryUrl`] for a malformed `[memory] url`,
-    /// [`GatewayError::PlaceholderToken`] for a placeholder token outside dev mode, or
-    /// [`GatewayError::InvalidSetting`].
+    /// [`GatewayError::PlaceholderToken`] for a placeholder token outside dev mode,
+    /// [`GatewayError::InvalidToken`], or [`GatewayError::InvalidSetting`].
     pub async fn bind(config: GatewayConfig, health: Health) -> Result<Self, GatewayError> {
         if let Some(token) = config.gateway.placeholder_token() {
             return Err(GatewayError::PlaceholderToken {
                 token: token.to_owned(),
             });
+        }
+        if let Some((principal, reason)) = config.gateway.token_problem() {
+            return Err(GatewayError::InvalidToken { principal, reason });
         }
         let guard = Guard::new(&config.gateway)?;
         let url = config.memory.url.clone();

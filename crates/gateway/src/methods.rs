@@ -1,5 +1,9 @@
 //! The WebSocket methods after `connect`: `agent`, `agent.wait`, `chat.send`, `chat.abort`,
 //! `chat.history`, `sessions.list`, `sessions.reset`, `sessions.patch`.
+//!
+//! Each acts for the connection's principal: it needs the method's scope, and memory answers
+//! a session (or run) of another principal as not found. No method but `agent`/`chat.send`
+//! creates a session.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -9,16 +13,14 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use agentloop_proto::v1::{
-    ControlMessage, GetDispatchRequest, ListSessionsRequest, PatchSessionRequest,
-    ResetSessionRequest, ResolveSessionRequest, SessionInfo, SystemEvent,
-};
+use agentloop_proto::v1::SystemEvent;
 
-use crate::RequestError;
 use crate::dispatch::{self, Finished, Submission};
 use crate::http::AppState;
-use crate::params::{client_timeout, no_nul, parse, present};
+use crate::params::{client_timeout, no_nul, parse};
+use crate::principal::{Principal, Scope};
 use crate::ws::{Outgoing, err, ok};
+use crate::{RequestError, sessions};
 
 /// Every method, as `connect` announces them.
 pub(crate) const METHODS: [&str; 9] = [
@@ -38,24 +40,41 @@ const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// The channel of messages sent over `/ws`.
 const CHANNEL: &str = "webchat";
 
-/// Runs one method and sends its response(s) and events on `out_tx`.
+/// The scope a method needs; `None` for a method that does not exist.
+fn scope_of(method: &str) -> Option<Scope> {
+    match method {
+        "agent.wait" | "chat.history" | "sessions.list" => Some(Scope::Read),
+        "agent" | "chat.send" | "chat.abort" | "sessions.reset" | "sessions.patch" => {
+            Some(Scope::Write)
+        }
+        _ => None,
+    }
+}
+
+/// Runs one method for `who` and sends its response(s) and events on `out_tx`.
 pub(crate) async fn call(
     state: &AppState,
+    who: &Principal,
     id: Value,
     method: &str,
     params: Value,
     out_tx: mpsc::Sender<Outgoing>,
 ) {
-    let result = match method {
-        "agent" => return agent(state, &id, params, &out_tx).await,
-        "chat.send" => return chat_send(state, &id, params, &out_tx).await,
-        "agent.wait" => agent_wait(state, params).await,
-        "chat.abort" => chat_abort(state, params).await,
-        "chat.history" => crate::history::chat_history(state, params).await,
-        "sessions.list" => sessions_list(state, params).await,
-        "sessions.reset" => sessions_reset(state, params).await,
-        "sessions.patch" => sessions_patch(state, params).await,
-        other => Err(RequestError::UnknownMethod(other.to_owned())),
+    let allowed = match scope_of(method) {
+        Some(scope) => who.require(scope),
+        None => Err(RequestError::UnknownMethod(method.to_owned())),
+    };
+    let result = match (allowed, method) {
+        (Err(error), _) => Err(error),
+        (Ok(()), "agent") => return agent(state, who, &id, params, &out_tx).await,
+        (Ok(()), "chat.send") => return chat_send(state, who, &id, params, &out_tx).await,
+        (Ok(()), "agent.wait") => agent_wait(state, who, params).await,
+        (Ok(()), "chat.abort") => sessions::chat_abort(state, who, params).await,
+        (Ok(()), "chat.history") => crate::history::chat_history(state, who, params).await,
+        (Ok(()), "sessions.list") => sessions::sessions_list(state, who, params).await,
+        (Ok(()), "sessions.reset") => sessions::sessions_reset(state, who, params).await,
+        (Ok(()), "sessions.patch") => sessions::sessions_patch(state, who, params).await,
+        (Ok(()), other) => Err(RequestError::UnknownMethod(other.to_owned())),
     };
     let frame = match result {
         Ok(payload) => ok(&id, payload),
@@ -88,7 +107,12 @@ struct AgentParams {
     sender_id: Option<String>,
 }
 
-fn submission(state: &AppState, method: &str, params: Value) -> Result<Submission, RequestError> {
+fn submission(
+    state: &AppState,
+    who: &Principal,
+    method: &str,
+    params: Value,
+) -> Result<Submission, RequestError> {
     let p: AgentParams = parse(method, params)?;
     for (field, value) in [
         ("sessionKey", p.session_key.as_deref()),
@@ -105,11 +129,7 @@ fn submission(state: &AppState, method: &str, params: Value) -> Result<Submissio
     }
     let mut metadata = HashMap::new();
     if let Some(model) = p.model.filter(|m| !m.is_empty()) {
-        if !state.config.models.allows(&model) {
-            return Err(RequestError::InvalidRequest(format!(
-                "model {model:?} is not in the allowlist"
-            )));
-        }
+        check_model(state, who, &model)?;
         metadata.insert("model".to_owned(), model);
     }
     let timeout = client_timeout(state, p.timeout, p.timeout_ms)?;
@@ -126,7 +146,33 @@ fn submission(state: &AppState, method: &str, params: Value) -> Result<Submissio
         queue_mode: p.queue_mode.unwrap_or_default(),
         metadata,
         timeout,
+        caller: who.caller(),
     })
+}
+
+/// Checks that `who` may have a run use `model`: an admin any model the allowlist allows
+/// (any, when it is empty), others only listed ones or the default.
+///
+/// # Errors
+/// [`RequestError::Forbidden`] for a model only an admin may choose,
+/// [`RequestError::InvalidRequest`] for one nobody may.
+pub(crate) fn check_model(
+    state: &AppState,
+    who: &Principal,
+    model: &str,
+) -> Result<(), RequestError> {
+    let policy = &state.config.models;
+    if !policy.allows(model) {
+        return Err(RequestError::InvalidRequest(format!(
+            "model {model:?} is not in the allowlist"
+        )));
+    }
+    if !who.is_admin() && !policy.listed(model) {
+        return Err(RequestError::Forbidden(format!(
+            "only an admin may choose model {model:?} (not in models.allowlist)"
+        )));
+    }
+    Ok(())
 }
 
 fn millis_now() -> u64 {
@@ -137,8 +183,14 @@ fn millis_now() -> u64 {
 }
 
 /// `agent`: answers `accepted` at once, streams `agent` events, answers again at the end.
-async fn agent(state: &AppState, id: &Value, params: Value, out_tx: &mpsc::Sender<Outgoing>) {
-    let accepted = match start(state, "agent", params).await {
+async fn agent(
+    state: &AppState,
+    who: &Principal,
+    id: &Value,
+    params: Value,
+    out_tx: &mpsc::Sender<Outgoing>,
+) {
+    let accepted = match start(state, who, "agent", params).await {
         Ok(accepted) => accepted,
         Err(error) => {
             let _ = out_tx.send(err(id, &error)).await;
@@ -182,10 +234,11 @@ async fn agent(state: &AppState, id: &Value, params: Value, out_tx: &mpsc::Sende
 
 async fn start(
     state: &AppState,
+    who: &Principal,
     method: &str,
     params: Value,
 ) -> Result<dispatch::Accepted, RequestError> {
-    let submission = submission(state, method, params)?;
+    let submission = submission(state, who, method, params)?;
     dispatch::submit(
         state.bus()?,
         &state.sessions,
@@ -241,8 +294,14 @@ pub(crate) fn event_payload(run_handle: &str, event: &SystemEvent) -> Value {
 }
 
 /// `chat.send`: answers `started` at once, then `chat` events (`delta`, then `final` or `error`).
-async fn chat_send(state: &AppState, id: &Value, params: Value, out_tx: &mpsc::Sender<Outgoing>) {
-    let accepted = match start(state, "chat.send", params).await {
+async fn chat_send(
+    state: &AppState,
+    who: &Principal,
+    id: &Value,
+    params: Value,
+    out_tx: &mpsc::Sender<Outgoing>,
+) {
+    let accepted = match start(state, who, "chat.send", params).await {
         Ok(accepted) => accepted,
         Err(error) => {
             let _ = out_tx.send(err(id, &error)).await;
@@ -302,14 +361,19 @@ struct WaitParams {
     timeout_ms: Option<u64>,
 }
 
-async fn agent_wait(state: &AppState, params: Value) -> Result<Value, RequestError> {
+async fn agent_wait(
+    state: &AppState,
+    who: &Principal,
+    params: Value,
+) -> Result<Value, RequestError> {
     let p: WaitParams = parse("agent.wait", params)?;
     no_nul("runId", &p.run_id)?;
     let timeout = p
         .timeout_ms
         .map_or(DEFAULT_WAIT, Duration::from_millis)
         .min(state.max_timeout());
-    let finished = dispatch::wait(&state.sessions, &p.run_id, Instant::now() + timeout).await?;
+    let deadline = Instant::now() + timeout;
+    let finished = dispatch::wait(&state.sessions, who.caller(), &p.run_id, deadline).await?;
     let mut payload = json!({
         "runId": p.run_id,
         "status": finished.status.as_str(),
@@ -320,184 +384,6 @@ async fn agent_wait(state: &AppState, params: Value) -> Result<Value, RequestErr
         payload["error"] = json!(finished.error);
     }
     Ok(payload)
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SessionParams {
-    #[serde(default, alias = "session_key", alias = "key")]
-    session_key: String,
-    #[serde(default, alias = "run_id")]
-    run_id: Option<String>,
-    #[serde(default)]
-    limit: Option<u32>,
-    #[serde(default, alias = "agent_id")]
-    agent_id: Option<String>,
-}
-
-impl SessionParams {
-    fn check(self) -> Result<Self, RequestError> {
-        no_nul("runId", self.run_id.as_deref().unwrap_or_default())?;
-        no_nul("agentId", self.agent_id.as_deref().unwrap_or_default())?;
-        Ok(self)
-    }
-}
-
-/// Resolves a session key to its id.
-///
-/// # Errors
-/// [`RequestError::InvalidRequest`] for an empty key or one with a NUL, else memory's error.
-pub(crate) async fn session_id(
-    state: &AppState,
-    key: &str,
-    agent_id: &str,
-) -> Result<String, RequestError> {
-    if key.is_empty() {
-        return Err(RequestError::InvalidRequest(
-            "sessionKey is required".into(),
-        ));
-    }
-    no_nul("sessionKey", key)?;
-    let session = state
-        .sessions
-        .clone()
-        .resolve_session(ResolveSessionRequest {
-            session_key: key.to_owned(),
-            agent_id: agent_id.to_owned(),
-            channel: CHANNEL.to_owned(),
-        })
-        .await?
-        .into_inner();
-    Ok(session.id)
-}
-
-/// `chat.abort`: asks the session's owner to stop its live run.
-async fn chat_abort(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse::<SessionParams>("chat.abort", params)?.check()?;
-    let session_id = match p.run_id.as_deref().filter(|r| !r.is_empty()) {
-        Some(run_id) => {
-            let record = state
-                .sessions
-                .clone()
-                .get_dispatch(GetDispatchRequest {
-                    run_id: run_id.to_owned(),
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            if record.run_handle.is_empty() {
-                return Err(RequestError::NotFound(format!("no run {run_id}")));
-            }
-            record.session_id
-        }
-        None => session_id(state, &p.session_key, "").await?,
-    };
-    let bus = state.bus()?;
-    let control = ControlMessage {
-        session_id: session_id.clone(),
-        action: "abort".into(),
-        reason: "chat.abort".into(),
-    };
-    bus.publish_fast(
-        bus.subjects().control(&session_id),
-        &control,
-        agentloop_proto::Encoding::Proto,
-    )
-    .await
-    .map_err(|e| RequestError::Unavailable(agentloop_bus::error_chain(&e)))?;
-    Ok(json!({"status": "abort-requested", "sessionId": session_id, "runId": p.run_id}))
-}
-
-fn session_json(s: SessionInfo) -> Value {
-    let ms = |t: Option<pbjson_types::Timestamp>| {
-        t.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))
-    };
-    json!({
-        "key": s.key, "sessionId": s.id, "agentId": s.agent_id, "channel": s.channel,
-        "model": s.model_override, "queueMode": s.queue_mode, "thinkingLevel": s.thinking_level,
-        "inputTokens": s.input_tokens, "outputTokens": s.output_tokens,
-        "createdAt": ms(s.created_at), "updatedAt": ms(s.updated_at),
-    })
-}
-
-async fn sessions_list(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse::<SessionParams>("sessions.list", params)?.check()?;
-    let list = state
-        .sessions
-        .clone()
-        .list_sessions(ListSessionsRequest {
-            limit: p.limit.unwrap_or(0),
-            agent_id: p.agent_id.unwrap_or_default(),
-        })
-        .await?
-        .into_inner();
-    let sessions: Vec<Value> = list.sessions.into_iter().map(session_json).collect();
-    Ok(json!({"sessions": sessions}))
-}
-
-async fn sessions_reset(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: SessionParams = parse::<SessionParams>("sessions.reset", params)?.check()?;
-    session_id(state, &p.session_key, "").await?;
-    let session = state
-        .sessions
-        .clone()
-        .reset_session(ResetSessionRequest {
-            session_key: p.session_key,
-        })
-        .await?
-        .into_inner();
-    let cleared = session.cleared_entries;
-    let mut payload = session_json(session);
-    payload["cleared"] = json!(cleared);
-    Ok(payload)
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PatchParams {
-    #[serde(default, alias = "session_key", alias = "sessionKey")]
-    key: String,
-    #[serde(default, deserialize_with = "present")]
-    model: Option<Option<String>>,
-    #[serde(default, alias = "queue_mode", deserialize_with = "present")]
-    queue_mode: Option<Option<String>>,
-    #[serde(
-        default,
-        alias = "thinking_level",
-        alias = "thinking",
-        deserialize_with = "present"
-    )]
-    thinking_level: Option<Option<String>>,
-}
-
-async fn sessions_patch(state: &AppState, params: Value) -> Result<Value, RequestError> {
-    let p: PatchParams = parse("sessions.patch", params)?;
-    let model = p.model.map(Option::unwrap_or_default);
-    if let Some(model) = model.as_deref().filter(|m| !m.is_empty())
-        && !state.config.models.allows(model)
-    {
-        return Err(RequestError::InvalidRequest(format!(
-            "model {model:?} is not in the allowlist"
-        )));
-    }
-    let queue_mode = p.queue_mode.map(Option::unwrap_or_default);
-    if let Some(mode) = queue_mode.as_deref() {
-        agentloop_proto::QueueMode::parse(mode)
-            .map_err(|e| RequestError::InvalidRequest(e.to_string()))?;
-    }
-    session_id(state, &p.key, "").await?;
-    let session = state
-        .sessions
-        .clone()
-        .patch_session(PatchSessionRequest {
-            session_key: p.key,
-            model_override: model,
-            queue_mode,
-            thinking_level: p.thinking_level.map(Option::unwrap_or_default),
-        })
-        .await?
-        .into_inner();
-    Ok(session_json(session))
 }
 
 #[cfg(test)]
@@ -522,17 +408,5 @@ mod tests {
         assert_eq!(payload["toolName"], "current_time");
         assert_eq!(payload["data"]["args"], json!({}));
         assert!(payload.get("delta").is_none());
-    }
-
-    #[test]
-    fn patch_params_tell_absent_from_null() {
-        let p: PatchParams = parse(
-            "sessions.patch",
-            json!({"key": "k", "model": null, "queueMode": "steer"}),
-        )
-        .unwrap();
-        assert_eq!(p.model, Some(None));
-        assert_eq!(p.queue_mode, Some(Some("steer".into())));
-        assert_eq!(p.thinking_level, None);
     }
 }

@@ -19,6 +19,7 @@ use crate::RequestError;
 use crate::dispatch::{self, EndStatus, Finished, Submission};
 use crate::guard::Refusal;
 use crate::http::{AppState, bearer};
+use crate::principal::Scope;
 
 /// The model name of the default agent.
 const DEFAULT_MODEL: &str = "agentloop";
@@ -48,6 +49,7 @@ impl From<RequestError> for ApiError {
                 (StatusCode::UNAUTHORIZED, "authentication_error")
             }
             RequestError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error"),
+            RequestError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error"),
             RequestError::RateLimited { .. } | RequestError::AuthThrottled { .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
             }
@@ -166,7 +168,8 @@ async fn complete(
         return Ok(Refusal::NotJson.into_response());
     }
     let client = state.guard.client_ip(peer, &headers);
-    state.authorize(client, bearer(&headers))?;
+    let principal = state.authorize(client, bearer(&headers))?;
+    principal.require(Scope::Write)?;
     let body = body.map_err(|e| ApiError {
         status: e.status(),
         ..RequestError::InvalidRequest(format!("invalid request body: {}", e.body_text())).into()
@@ -205,6 +208,7 @@ async fn complete(
         idempotency_key: header("idempotency-key"),
         agent_id,
         channel: CHANNEL.to_owned(),
+        caller: principal.caller(),
         timeout: state.run_timeout(),
         ..Default::default()
     };

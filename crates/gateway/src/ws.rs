@@ -21,6 +21,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::limits::{ClientSlot, PendingSlot};
+use crate::principal::Principal;
 use crate::{RequestError, http::AppState, methods};
 
 /// Protocol version announced by `connect`.
@@ -126,7 +127,7 @@ async fn connection(
     let writer = tokio::spawn(writer);
     let limit = state.config.gateway.max_frame_bytes;
     let mut conn = Conn {
-        connected: false,
+        principal: None,
         pending: Some(pending),
         bucket: Bucket::new(
             state.config.gateway.rate_limit_burst,
@@ -145,7 +146,7 @@ async fn connection(
                 break;
             }
             // A socket that never authenticates holds a place others need.
-            () = tokio::time::sleep_until(connect_deadline), if !conn.connected => {
+            () = tokio::time::sleep_until(connect_deadline), if conn.principal.is_none() => {
                 let reason = format!("connect not completed within {} ms", connect_within.as_millis());
                 let _ = out_tx.send(Outgoing::Close(close_code::POLICY, reason)).await;
                 break;
@@ -196,11 +197,18 @@ async fn connection(
                     .await;
                 break;
             }
-            Accepted::Call { id, method, params } => {
+            Accepted::Call {
+                principal,
+                id,
+                method,
+                params,
+            } => {
                 let (state, out_tx) = (state.clone(), out_tx.clone());
                 in_flight.spawn(
-                    async move { methods::call(&state, id, &method, params, out_tx).await }
-                        .in_current_span(),
+                    async move {
+                        methods::call(&state, &principal, id, &method, params, out_tx).await;
+                    }
+                    .in_current_span(),
                 );
             }
         }
@@ -222,7 +230,8 @@ async fn refuse_oversized(out_tx: &mpsc::Sender<Outgoing>, size: usize, limit: u
 
 /// The state of one connection's reader.
 struct Conn {
-    connected: bool,
+    /// Whom the connection acts for, once `connect` succeeded.
+    principal: Option<Principal>,
     /// Its place among the sockets waiting for `connect`, given up by `connect`.
     pending: Option<PendingSlot>,
     bucket: Bucket,
@@ -235,6 +244,7 @@ enum Accepted {
     Refuse(Outgoing, &'static str),
     /// Run the method.
     Call {
+        principal: Principal,
         id: Value,
         method: String,
         params: Value,
@@ -271,7 +281,7 @@ impl Conn {
         }
         let params = frame.get("params").cloned().unwrap_or(Value::Null);
         if method == "connect" {
-            if self.connected {
+            if self.principal.is_some() {
                 let error = RequestError::InvalidRequest("already connected".into());
                 return Accepted::Reply(err(&id, &error));
             }
@@ -280,8 +290,8 @@ impl Conn {
                 .or_else(|| params.get("token"))
                 .and_then(Value::as_str);
             return match state.authorize(client, token) {
-                Ok(()) => {
-                    self.connected = true;
+                Ok(principal) => {
+                    self.principal = Some(principal);
                     self.pending = None;
                     Accepted::Reply(ok(&id, hello(state)))
                 }
@@ -291,10 +301,11 @@ impl Conn {
                 Err(error) => Accepted::Refuse(err(&id, &error), "unauthorized"),
             };
         }
-        if !self.connected {
+        let Some(principal) = &self.principal else {
             return Accepted::Reply(err(&id, &RequestError::NotConnected));
-        }
+        };
         Accepted::Call {
+            principal: principal.clone(),
             id,
             method: method.to_owned(),
             params,

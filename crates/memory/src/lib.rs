@@ -17,8 +17,9 @@ pub use config::{MemoryConfig, MemorySettings};
 pub use error::MemoryError;
 pub use server::Memory;
 pub use store::{
-    BatchCounters, BatchSettings, Claim, Enqueued, Entry, Finished, HistoryAsk, InboxItem,
-    InboxKind, NewEntry, Run, RunOutcome, RunStatus, Session, Store, Taken,
+    BatchCounters, BatchSettings, Caller, Claim, DispatchLookup, Enqueued, Entry, Finished,
+    HistoryAsk, InboxItem, InboxKind, NewEntry, Run, RunOutcome, RunStatus, Session, SessionInfo,
+    SessionPatch, Store, Taken,
 };
 
 use agentloop_lifecycle::{AdminServer, Health};

@@ -149,7 +149,7 @@ impl Sandbox {
         };
         gateway.gateway.listen = "127.0.0.1:0".to_owned();
         gateway.gateway.ask_timeout_ms = 20_000;
-        gateway.gateway.tokens = tokens;
+        gateway.gateway.tokens = tokens.into_iter().map(Into::into).collect();
         gateway.memory.url = memory_url.clone();
         gateway.models.default_model = "openai/fake-echo".to_owned();
         let (gateway_handle, gateway_addr) = start_gateway(gateway.clone()).await?;

@@ -117,7 +117,9 @@ async function loadSessions() {
 async function loadHistory() {
   log.replaceChildren();
   runs.clear();
-  const { messages } = await request("chat.history", { sessionKey: $("session").value });
+  // A session that does not exist yet (its first message creates it) has no history.
+  const { messages } = await request("chat.history", { sessionKey: $("session").value })
+    .catch((e) => { if (e.message.startsWith("NOT_FOUND")) return { messages: [] }; throw e; });
   for (const m of messages) {
     if (m.role === "user" || m.role === "assistant") add("msg " + m.role, m.content);
   }

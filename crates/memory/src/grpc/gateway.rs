@@ -6,7 +6,7 @@ use agentloop_proto::v1 as pb;
 
 use super::{SessionApi, parse_id, timestamp};
 use crate::MemoryError;
-use crate::store::{Dispatch, DispatchLookup, SessionInfo, SessionPatch};
+use crate::store::{Caller, Dispatch, DispatchLookup, SessionInfo, SessionPatch};
 
 /// `ListSessions` returns at most this many sessions when the request says 0.
 const DEFAULT_LIST_LIMIT: u32 = 100;
@@ -26,7 +26,11 @@ impl SessionApi {
             n => n.min(1000),
         };
         let agent = (!req.agent_id.is_empty()).then_some(req.agent_id.as_str());
-        let sessions = self.store()?.list_sessions(limit, agent).await?;
+        let key = (!req.session_key.is_empty()).then_some(req.session_key.as_str());
+        let sessions = self
+            .store()?
+            .list_sessions(limit, agent, key, &caller(req.caller))
+            .await?;
         Ok(pb::ListSessionsResponse {
             sessions: sessions.into_iter().map(session_info).collect(),
         })
@@ -37,7 +41,10 @@ impl SessionApi {
         req: pb::ResetSessionRequest,
     ) -> Result<pb::SessionInfo, MemoryError> {
         require("session_key", &req.session_key)?;
-        let session = self.store()?.reset_session(&req.session_key).await?;
+        let session = self
+            .store()?
+            .reset_session(&req.session_key, &caller(req.caller))
+            .await?;
         Ok(session_info(session))
     }
 
@@ -65,7 +72,7 @@ impl SessionApi {
         };
         let session = self
             .store()?
-            .patch_session(&req.session_key, &patch)
+            .patch_session(&req.session_key, &patch, &caller(req.caller))
             .await?;
         Ok(session_info(session))
     }
@@ -78,7 +85,14 @@ impl SessionApi {
         require("idempotency_key", &req.idempotency_key)?;
         let run_handle = parse_id("run_handle", &req.run_handle)?;
         let session_id = if req.session_id.is_empty() {
-            self.resolve(&req.session_key, &req.agent_id, &req.channel)
+            let agent_id = if req.agent_id.is_empty() {
+                "main"
+            } else {
+                req.agent_id.as_str()
+            };
+            let channel = (!req.channel.is_empty()).then_some(req.channel.as_str());
+            self.store()?
+                .resolve_owned_session(&req.session_key, agent_id, channel, &caller(req.caller))
                 .await?
                 .id
         } else {
@@ -118,7 +132,10 @@ impl SessionApi {
             DispatchLookup::Run(parse_id("run_id", &req.run_id)?)
         };
         // "No record" is an answer, not a failure: the message has an empty run handle.
-        let record = self.store()?.get_dispatch(&lookup).await?;
+        let record = self
+            .store()?
+            .get_dispatch(&lookup, &caller(req.caller))
+            .await?;
         Ok(record.map(dispatch_message).unwrap_or_default())
     }
 
@@ -149,6 +166,15 @@ fn require(field: &str, value: &str) -> Result<(), MemoryError> {
     Ok(())
 }
 
+/// The caller a request names; none is a caller without principal that is no admin.
+fn caller(caller: Option<pb::Caller>) -> Caller {
+    let caller = caller.unwrap_or_default();
+    Caller {
+        principal: (!caller.principal.is_empty()).then_some(caller.principal),
+        admin: caller.admin,
+    }
+}
+
 fn session_info(session: SessionInfo) -> pb::SessionInfo {
     pb::SessionInfo {
         id: session.id.to_string(),
@@ -163,6 +189,7 @@ fn session_info(session: SessionInfo) -> pb::SessionInfo {
         created_at: Some(timestamp(session.created_at)),
         updated_at: Some(timestamp(session.updated_at)),
         cleared_entries: u64::try_from(session.cleared_entries).unwrap_or(0),
+        owner: session.owner.unwrap_or_default(),
     }
 }
 

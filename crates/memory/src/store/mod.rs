@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::MemoryError;
 
-pub use gateway::{Dispatch, DispatchLookup, SessionInfo, SessionPatch};
+pub use gateway::{Caller, Dispatch, DispatchLookup, SessionInfo, SessionPatch};
 
 pub use inbox::{Enqueued, InboxItem, Taken};
 pub use sessions::Claim;

@@ -2,6 +2,7 @@
 //! and the gRPC server started for real on port 0.
 
 mod grpc;
+mod ownership;
 mod store;
 
 use std::future::Future;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use agentloop_memory::{
-    HistoryAsk, InboxKind, MemoryError, NewEntry, RunOutcome, RunStatus, Store,
+    Caller, HistoryAsk, InboxKind, MemoryError, NewEntry, RunOutcome, RunStatus, Store,
 };
 use sqlx::{Connection, PgPool};
 use uuid::Uuid;
@@ -571,7 +571,7 @@ async fn a_history_window_after_a_held_entry_is_a_delta_until_a_reset(pool: PgPo
         .history_window(session_id, ask(full[0].seq))
         .await
         .unwrap();
-    store.reset_session("s").await.unwrap();
+    store.reset_session("s", &Caller::admin()).await.unwrap();
     let (after_reset_delta, after_reset) = store
         .history_window(session_id, ask(full[2].seq))
         .await

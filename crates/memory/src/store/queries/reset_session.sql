@@ -1,6 +1,8 @@
--- Clears the transcript and keeps the session's id, settings and usage.
+-- Clears the transcript and keeps the session's id, settings and usage. $2/$3: the caller's
+-- principal and whether it is an admin; a session it does not see is left alone (no row).
 WITH target AS (
-    SELECT id FROM sessions WHERE key = $1
+    SELECT id FROM sessions
+    WHERE key = $1 AND (owner IS NOT DISTINCT FROM $2::text OR $3::bool)
 ), cleared AS (
     DELETE FROM transcript_entries AS t
     USING target
@@ -13,4 +15,4 @@ FROM target
 WHERE s.id = target.id
 RETURNING s.id, s.key, s.agent_id, s.channel, s.model_override, s.queue_mode, s.thinking_level,
           s.input_tokens, s.output_tokens, s.created_at, s.updated_at,
-          (SELECT count(*) FROM cleared) AS cleared_entries
+          (SELECT count(*) FROM cleared) AS cleared_entries, s.owner
