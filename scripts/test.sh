@@ -8,6 +8,8 @@ cd "$REPO_ROOT"
 ensure_nats_server
 ensure_postgres
 ensure_nextest
+# The TLS test makes its certificates with the openssl command.
+command -v openssl >/dev/null 2>&1 || { log "installing openssl"; apt-get install -y -qq openssl >/dev/null; }
 # Chromium and the pinned Python clients (openai, playwright) for the gateway's client tests.
 bash tests/python/setup.sh
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"

@@ -7,6 +7,7 @@ mod config;
 mod consume;
 mod error;
 mod in_order;
+mod publish;
 mod subjects;
 
 pub use acks::Acks;
@@ -18,13 +19,12 @@ pub use subjects::{StreamKind, Subjects, stream_name};
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::PullConsumer, message::PublishMessage as Publish};
-use async_nats::{HeaderMap, Message};
-use bytes::Bytes;
-use serde::{Serialize, de::DeserializeOwned};
+use async_nats::Message;
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use agentloop_proto::{DecodeError, Encoding, v1::SystemEvent};
+use agentloop_proto::{DecodeError, Encoding};
 
 /// Header naming why a message was dead-lettered.
 pub const HEADER_ERROR: &str = "Agentloop-Error";
@@ -280,205 +280,6 @@ impl Bus {
                 .map_err(|e| map_err(e.to_string())),
         }
     }
-
-    /// Publishes `msg` to a stream subject and waits until the stream stored it, retrying while
-    /// the stream has no leader or the answer is lost, for `publish_retry_ms`.
-    ///
-    /// # Errors
-    /// [`BusError::Publish`] when the stream refuses it or does not store it in time: the
-    /// caller must then keep its own input unacknowledged, so it comes again.
-    pub async fn publish_durable<T: prost::Message + Serialize>(
-        &self,
-        subject: String,
-        msg: &T,
-        msg_id: Option<&str>,
-    ) -> Result<(), BusError> {
-        let mut publish = Publish::build()
-            .payload(Bytes::from(msg.encode_to_vec()))
-            .headers(wire_headers(Encoding::Proto));
-        if let Some(id) = msg_id {
-            publish = publish.message_id(id);
-        }
-        self.send_confirmed(&subject, publish)
-            .await
-            .map_err(|e| publish_error(&subject, &e))
-    }
-
-    /// Publishes `msg` without waiting for an acknowledgement (events, control, replies).
-    ///
-    /// # Errors
-    /// [`BusError::Publish`] when the client cannot queue it.
-    pub async fn publish_fast<T: prost::Message + Serialize>(
-        &self,
-        subject: String,
-        msg: &T,
-        encoding: Encoding,
-    ) -> Result<(), BusError> {
-        let payload = Bytes::from(agentloop_proto::encode(msg, encoding));
-        self.client
-            .publish_with_headers(subject.clone(), wire_headers(encoding), payload)
-            .await
-            .map_err(|e| BusError::Publish {
-                subject,
-                source: e.to_string().into(),
-            })
-    }
-
-    /// Publishes `msg` on a subject a stream captures (in `encoding`) and waits until the stream
-    /// stored it; see [`Bus::publish_durable`] for the retries.
-    ///
-    /// # Errors
-    /// [`BusError::Publish`] when no stream stored it before `publish_retry_ms` passed.
-    pub async fn publish_confirmed<T: prost::Message + Serialize>(
-        &self,
-        subject: String,
-        msg: &T,
-        encoding: Encoding,
-        msg_id: Option<&str>,
-    ) -> Result<(), BusError> {
-        let mut publish = Publish::build()
-            .payload(Bytes::from(agentloop_proto::encode(msg, encoding)))
-            .headers(wire_headers(encoding));
-        // A retry after a lost confirmation carries the same id, so the stream keeps one copy.
-        if let Some(id) = msg_id {
-            publish = publish.message_id(id);
-        }
-        self.send_confirmed(&subject, publish)
-            .await
-            .map_err(|e| publish_error(&subject, &e))
-    }
-
-    /// Returns the stream that captures `subject`, `None` when the server says none does.
-    ///
-    /// # Errors
-    /// [`BusError::Publish`] when the server cannot say (a lost answer, no meta leader): the
-    /// caller must not take that for "no stream".
-    pub async fn capturing_stream(&self, subject: &str) -> Result<Option<String>, BusError> {
-        use async_nats::jetstream::context::GetStreamByNameErrorKind;
-        match self.js.stream_by_subject(subject).await {
-            Ok(name) => Ok(Some(name)),
-            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => Ok(None),
-            Err(e) => Err(publish_error(subject, &e)),
-        }
-    }
-
-    /// Publishes through JetStream until a stream stores the message. "No responders" (what a
-    /// stream without a leader answers during a cluster election, and a missing stream too),
-    /// a lost answer and a broken connection are retried with backoff for `publish_retry_ms`;
-    /// the message id makes a retry of a stored message a duplicate the stream drops. Whether
-    /// a stream should capture the subject is the caller's knowledge, never inferred from a
-    /// "no responders": taking that for "nothing to store" lost replies in a failover.
-    async fn send_confirmed(
-        &self,
-        subject: &str,
-        publish: Publish,
-    ) -> Result<(), async_nats::jetstream::context::PublishError> {
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_millis(self.config.publish_retry_ms);
-        let mut delay = Duration::from_millis(50);
-        let mut attempt = 1_u32;
-        loop {
-            let sent = match self
-                .js
-                .send_publish(subject.to_owned(), publish.clone())
-                .await
-            {
-                Ok(ack) => ack.await.map(drop),
-                Err(e) => Err(e),
-            };
-            let err = match sent {
-                Ok(()) => {
-                    if attempt > 1 {
-                        tracing::info!(subject, attempt, "stream stored the message after retries");
-                    }
-                    return Ok(());
-                }
-                Err(err) => err,
-            };
-            let now = tokio::time::Instant::now();
-            if !publish_retryable(err.kind()) || now + delay > deadline {
-                if publish_retryable(err.kind()) {
-                    tracing::error!(subject, attempt, error = %err, "gave up publishing: no stream stored the message in time");
-                }
-                return Err(err);
-            }
-            tracing::warn!(subject, attempt, error = %err, retry_in_ms = delay.as_millis() as u64, "stream did not store the message, retrying");
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(500));
-            attempt += 1;
-        }
-    }
-
-    /// Emits a run event (fire and forget: events are for watching, the transcript is the record).
-    pub async fn emit_event(&self, event: &SystemEvent) {
-        let subject = self.subjects.events(&event.session_id, &event.run_id);
-        if let Err(err) = self.publish_fast(subject, event, Encoding::Proto).await {
-            tracing::warn!(error = %error_chain(&err), run_id = %event.run_id, "failed to emit event");
-        }
-    }
-
-    /// Keeps an unprocessable message on `<prefix>.dlq.<subject>` with the reason in headers and
-    /// emits an error event, so nothing is dropped silently.
-    ///
-    /// # Errors
-    /// [`BusError::Publish`] when the dead letter itself cannot be stored.
-    pub async fn dead_letter(
-        &self,
-        service: &str,
-        original_subject: &str,
-        original_headers: Option<&HeaderMap>,
-        payload: Bytes,
-        reason: &str,
-    ) -> Result<(), BusError> {
-        // A redelivered original must not be mistaken for a duplicate dead letter, so its
-        // JetStream message id is not carried over.
-        let mut headers = HeaderMap::new();
-        if let Some(original) = original_headers {
-            for (name, values) in original.iter() {
-                if name.to_string() == "Nats-Msg-Id" {
-                    continue;
-                }
-                for value in values {
-                    headers.append(name.clone(), value.clone());
-                }
-            }
-        }
-        // Header values cannot hold line breaks.
-        let reason_line = reason.replace(['\r', '\n'], " ");
-        headers.insert(HEADER_ERROR, reason_line.as_str());
-        headers.insert(HEADER_ORIGINAL_SUBJECT, original_subject);
-        headers.insert(HEADER_SERVICE, service);
-        let subject = self.subjects.dlq(original_subject);
-        let publish = Publish::build().payload(payload).headers(headers);
-        self.send_confirmed(&subject, publish)
-            .await
-            .map_err(|e| publish_error(&subject, &e))?;
-        let id = nuid();
-        let event = SystemEvent {
-            run_id: id.clone(),
-            session_id: "dlq".to_owned(),
-            seq: 1,
-            stream: "error".to_owned(),
-            phase: "error".to_owned(),
-            data: serde_json::json!({
-                "error": reason,
-                "subject": original_subject,
-                "dlq_subject": subject,
-                "service": service,
-            })
-            .to_string(),
-            ts: Some(agentloop_proto::now()),
-            ..Default::default()
-        };
-        self.emit_event(&event).await;
-        tracing::warn!(
-            service,
-            subject = original_subject,
-            reason,
-            "dropped to dlq"
-        );
-        Ok(())
-    }
 }
 
 /// Whether a stream already has the settings agentloop gives it (the server fills in others).
@@ -494,31 +295,6 @@ fn stream_settings_match(
         && current.discard == wanted.discard
         && current.duplicate_window == wanted.duplicate_window
         && current.num_replicas == wanted.num_replicas
-}
-
-/// Whether a failed JetStream publish may succeed if sent again: the stream had no leader or
-/// the answer was lost. A refusal by the stream (limits, a wrong expected sequence) is final.
-fn publish_retryable(kind: async_nats::jetstream::context::PublishErrorKind) -> bool {
-    use async_nats::jetstream::context::PublishErrorKind as Kind;
-    matches!(
-        kind,
-        Kind::StreamNotFound | Kind::TimedOut | Kind::BrokenPipe | Kind::MaxAckPending
-    )
-}
-
-/// Headers of every payload agentloop publishes: its encoding and the current trace.
-fn wire_headers(encoding: Encoding) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert("Content-Type", encoding.content_type());
-    agentloop_telemetry::inject_nats(&mut headers);
-    headers
-}
-
-fn publish_error(subject: &str, err: &dyn std::error::Error) -> BusError {
-    BusError::Publish {
-        subject: subject.to_owned(),
-        source: err.to_string().into(),
-    }
 }
 
 /// Decodes a NATS message as `T`, honouring its `Content-Type` header.
@@ -573,16 +349,6 @@ mod tests {
         assert!(version_at_least("2.11.0", (2, 11)));
         assert!(version_at_least("2.15.1", (2, 11)));
         assert!(version_at_least("3.0.0-beta", (2, 11)));
-    }
-
-    #[test]
-    fn only_a_missing_leader_or_a_lost_answer_is_retried() {
-        use async_nats::jetstream::context::PublishErrorKind as Kind;
-        assert!(publish_retryable(Kind::StreamNotFound));
-        assert!(publish_retryable(Kind::TimedOut));
-        assert!(publish_retryable(Kind::BrokenPipe));
-        assert!(!publish_retryable(Kind::WrongLastSequence));
-        assert!(!publish_retryable(Kind::Other));
     }
 
     #[test]
