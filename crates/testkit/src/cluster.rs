@@ -151,7 +151,10 @@ impl NatsCluster {
             else {
                 continue;
             };
-            let js = async_nats::jetstream::new(client);
+            // A stream without a leader answers nothing: a short wait, so a caller polling for
+            // the new leader sees it within half a second of its election.
+            let mut js = async_nats::jetstream::new(client);
+            js.set_timeout(Duration::from_millis(500));
             if let Ok(mut handle) = js.get_stream(stream).await
                 && let Ok(info) = handle.info().await
                 && let Some(leader) = info.cluster.as_ref().and_then(|c| c.leader.clone())
