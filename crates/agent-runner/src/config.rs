@@ -38,7 +38,7 @@ struct RawRunnerConfig {
 struct RawModels {
     #[serde(flatten)]
     config: ModelsConfig,
-    #[serde(default, deserialize_with = "list_or_commas")]
+    #[serde(default, deserialize_with = "agentloop_lifecycle::list_or_commas")]
     allowlist: Vec<String>,
 }
 
@@ -145,27 +145,8 @@ pub struct RunnerSettings {
     /// `["*"]` suits development; in production list the tools you deploy, so that whoever
     /// can announce on `<prefix>.tool._announce` cannot offer the model a tool of their own.
     /// A remote tool can never take a built-in's name, whatever this says.
-    #[serde(deserialize_with = "list_or_commas")]
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub remote_tools_allow: Vec<String>,
-}
-
-/// Reads a TOML list, or a comma-separated string (environment variables are strings).
-fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum ListOrCommas {
-        List(Vec<String>),
-        Commas(String),
-    }
-    Ok(match serde::Deserialize::deserialize(d)? {
-        ListOrCommas::List(list) => list,
-        ListOrCommas::Commas(text) => text
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    })
 }
 
 impl Default for RunnerSettings {

@@ -70,21 +70,21 @@ pub struct GatewaySettings {
     /// Requests one WebSocket connection may make in a burst.
     pub rate_limit_burst: u32,
     /// Agents listed by `GET /v1/models` (`main` is `agentloop`, others `agentloop/<id>`).
-    #[serde(deserialize_with = "list_or_commas")]
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub agents: Vec<String>,
     /// Origins (`https://chat.example.com`) whose pages may use the gateway besides its own
     /// (an `Origin` equal to `http(s)://<Host>`); `*` allows any. A request without `Origin`
     /// (not a browser) is not checked.
-    #[serde(deserialize_with = "list_or_commas")]
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub allowed_origins: Vec<String>,
     /// Host names (`chat.example.com`, or `name:port` for one port) the gateway answers to,
     /// besides `localhost`, IP addresses and the host of `listen`; `*` allows any. A foreign
     /// `Host` is how DNS rebinding reaches a loopback gateway, so it gets 403.
-    #[serde(deserialize_with = "list_or_commas")]
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub allowed_hosts: Vec<String>,
     /// Addresses or CIDR blocks of reverse proxies whose `X-Forwarded-For` names the client;
     /// from any other peer that header is ignored.
-    #[serde(deserialize_with = "list_or_commas")]
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub trusted_proxies: Vec<String>,
     /// How long a WebSocket may stay open without completing `connect`.
     pub connect_timeout_ms: u64,
@@ -184,25 +184,9 @@ fn grants<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<TokenGrant>, D::
                 Item::Grant(grant) => grant,
             })
             .collect(),
-        Grants::Commas(text) => split_commas(&text).map(TokenGrant::admin).collect(),
-    })
-}
-
-fn split_commas(text: &str) -> impl Iterator<Item = &str> {
-    text.split(',').map(str::trim).filter(|t| !t.is_empty())
-}
-
-/// Reads a TOML list, or a comma-separated string (environment variables are strings).
-fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum ListOrCommas {
-        List(Vec<String>),
-        Commas(String),
-    }
-    Ok(match serde::Deserialize::deserialize(d)? {
-        ListOrCommas::List(list) => list,
-        ListOrCommas::Commas(text) => split_commas(&text).map(str::to_owned).collect(),
+        Grants::Commas(text) => agentloop_lifecycle::split_commas(&text)
+            .map(TokenGrant::admin)
+            .collect(),
     })
 }
 

@@ -32,6 +32,29 @@ pub enum ConfigError {
     Invalid(#[source] toml::de::Error),
 }
 
+/// Splits comma-separated text into its trimmed, non-empty items.
+pub fn split_commas(text: &str) -> impl Iterator<Item = &str> {
+    text.split(',').map(str::trim).filter(|t| !t.is_empty())
+}
+
+/// Reads a TOML list, or a comma-separated string (environment variables are strings); for
+/// `#[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]`.
+///
+/// # Errors
+/// When the value is neither a list of strings nor a string.
+pub fn list_or_commas<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum ListOrCommas {
+        List(Vec<String>),
+        Commas(String),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        ListOrCommas::List(list) => list,
+        ListOrCommas::Commas(text) => split_commas(&text).map(str::to_owned).collect(),
+    })
+}
+
 /// The part of `[memory]` that clients of the memory service read.
 #[derive(Clone, serde::Deserialize)]
 #[serde(default)]

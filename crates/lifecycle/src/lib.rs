@@ -7,7 +7,8 @@ mod health;
 
 pub use admin::{AdminServer, admin_routes};
 pub use config::{
-    ConfigError, MemoryEndpoint, config_path_from_args, load_config, load_config_from,
+    ConfigError, MemoryEndpoint, config_path_from_args, list_or_commas, load_config,
+    load_config_from, split_commas,
 };
 pub use health::{Counter, Health, Readiness};
 
