@@ -6,7 +6,7 @@ pub enum RunnerError {
     /// The bus could not be set up.
     #[error("bus setup failed")]
     Bus(#[from] agentloop_bus::BusError),
-    /// The memory URL is not a valid URI.
+    /// `[memory] url` is not a valid URI, or its TLS settings cannot be used.
     #[error("cannot reach memory at {url}")]
     MemoryUrl {
         /// The URL configured.

@@ -24,7 +24,7 @@ pub enum GatewayError {
         #[source]
         source: async_nats::SubscribeError,
     },
-    /// `[memory] url` is not a valid URI.
+    /// `[memory] url` is not a valid URI, or its TLS settings cannot be used.
     #[error("cannot reach memory at {url}")]
     MemoryUrl {
         /// The configured URL.

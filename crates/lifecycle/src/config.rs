@@ -63,6 +63,11 @@ pub struct MemoryEndpoint {
     pub url: String,
     /// Shared secret the memory service asks for (`memory.secret`); empty sends none.
     pub secret: String,
+    /// PEM CA that memory's certificate must chain to; set, calls go over TLS and `url` must be
+    /// `https://`. Empty means plaintext.
+    pub tls_ca_file: String,
+    /// Name memory's certificate must carry, when not the host of `url`; empty checks the host.
+    pub tls_domain: String,
 }
 
 impl Default for MemoryEndpoint {
@@ -70,6 +75,8 @@ impl Default for MemoryEndpoint {
         Self {
             url: "http://127.0.0.1:50051".to_owned(),
             secret: String::new(),
+            tls_ca_file: String::new(),
+            tls_domain: String::new(),
         }
     }
 }
@@ -86,6 +93,8 @@ impl std::fmt::Debug for MemoryEndpoint {
                     "<redacted>"
                 },
             )
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_domain", &self.tls_domain)
             .finish()
     }
 }

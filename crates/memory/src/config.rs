@@ -42,6 +42,10 @@ pub struct MemorySettings {
     /// Shared secret every gRPC call must present (`authorization: Bearer <secret>`); empty
     /// accepts every caller that can reach `listen`.
     pub secret: String,
+    /// PEM certificate chain the gRPC port presents; with `tls_key_file` it turns TLS on.
+    pub tls_cert_file: String,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: String,
 }
 
 impl Default for MemorySettings {
@@ -56,6 +60,8 @@ impl Default for MemorySettings {
             batch_lanes: 1,
             batch_max_calls: 64,
             secret: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
         }
     }
 }
@@ -79,6 +85,8 @@ impl std::fmt::Debug for MemorySettings {
                     "<redacted>"
                 },
             )
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .finish()
     }
 }

@@ -62,6 +62,33 @@ pub enum MemoryError {
         #[source]
         source: std::io::Error,
     },
+    /// Only one of `tls_cert_file` and `tls_key_file` is set; TLS needs both.
+    #[error("TLS needs both [memory] tls_cert_file and tls_key_file; only {set} is set")]
+    TlsIncomplete {
+        /// The key that is set.
+        set: &'static str,
+    },
+    /// A TLS certificate or key file cannot be read.
+    #[error("cannot read the TLS file {path}")]
+    TlsFile {
+        /// The configured path.
+        path: String,
+        /// Why reading failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The certificate and key were read but do not make a TLS server (not PEM, a key that
+    /// does not parse).
+    #[error("invalid TLS certificate {cert} or key {key}")]
+    Tls {
+        /// The configured certificate path.
+        cert: String,
+        /// The configured key path.
+        key: String,
+        /// tonic's complaint.
+        #[source]
+        source: tonic::transport::Error,
+    },
     /// The gRPC server stopped with an error.
     #[error("grpc server failed")]
     Serve(#[source] tonic::transport::Error),

@@ -40,6 +40,9 @@ impl From<MemoryError> for Status {
             | MemoryError::DatabaseUrl(_)
             | MemoryError::Migrate(_)
             | MemoryError::Bind { .. }
+            | MemoryError::TlsIncomplete { .. }
+            | MemoryError::TlsFile { .. }
+            | MemoryError::Tls { .. }
             | MemoryError::Serve(_) => Status::internal(err.to_string()),
         }
     }
@@ -115,6 +118,9 @@ impl SessionApi {
             | MemoryError::DatabaseUrl(_)
             | MemoryError::Migrate(_)
             | MemoryError::Bind { .. }
+            | MemoryError::TlsIncomplete { .. }
+            | MemoryError::TlsFile { .. }
+            | MemoryError::Tls { .. }
             | MemoryError::Serve(_) => {
                 self.internal_errors.inc();
                 tracing::error!(rpc, error = %Chain(&err), "rpc failed");

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::Chain;
 use crate::grpc::SessionApi;
 use crate::store::{BatchCounters, BatchSettings, Store, error as store_error};
-use crate::{MemoryConfig, MemoryError};
+use crate::{MemoryConfig, MemoryError, MemorySettings};
 
 /// The schema, embedded at build time from `crates/memory/migrations`.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -32,6 +32,8 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A bound memory server, not yet serving.
 pub struct Memory {
     listener: TcpListener,
+    /// The gRPC server builder, with TLS already set up when configured.
+    server: tonic::transport::Server,
     local_addr: SocketAddr,
     config: MemoryConfig,
     health: Health,
@@ -39,12 +41,15 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// Binds the gRPC listener (port 0 allowed) and registers the `memory` readiness component;
-    /// does not wait for Postgres.
+    /// Binds the gRPC listener (port 0 allowed), loads the TLS certificate and key when
+    /// configured and registers the `memory` readiness component; does not wait for Postgres.
     ///
     /// # Errors
-    /// [`MemoryError::Bind`] when the address cannot be bound.
+    /// [`MemoryError::Bind`] when the address cannot be bound; [`MemoryError::TlsIncomplete`],
+    /// [`MemoryError::TlsFile`] or [`MemoryError::Tls`] for TLS settings that cannot work.
     pub async fn bind(config: MemoryConfig, health: Health) -> Result<Memory, MemoryError> {
+        // Before binding: a bad TLS setting should stop the start, not show at the first call.
+        let server = grpc_server(&config.memory)?;
         let addr = config.memory.listen.clone();
         let bind_error = |source| MemoryError::Bind {
             addr: addr.clone(),
@@ -55,6 +60,7 @@ impl Memory {
         let readiness = health.component("memory");
         Ok(Memory {
             listener,
+            server,
             local_addr,
             config,
             health,
@@ -81,6 +87,7 @@ impl Memory {
     pub async fn serve(self, shutdown: CancellationToken) -> Result<(), MemoryError> {
         let Memory {
             listener,
+            server,
             local_addr,
             config,
             health,
@@ -96,13 +103,15 @@ impl Memory {
         // Whichever half fails first stops the other, so a fatal migration error does not
         // leave a server that can never become ready.
         let stop = shutdown.child_token();
+        // tonic runs the TLS handshake on each connection this stream yields when TLS is set.
         let incoming = agentloop_telemetry::grpc_incoming(listener);
+        let tls = !config.memory.tls_cert_file.is_empty();
         let secret = crate::auth::RequireSecret::new(&config.memory.secret);
         let grpc = {
             let stop = stop.clone();
             async move {
-                tracing::info!(addr = %local_addr, "memory grpc serving");
-                let served = tonic::transport::Server::builder()
+                tracing::info!(addr = %local_addr, tls, "memory grpc serving");
+                let served = server
                     .trace_fn(agentloop_telemetry::grpc_server_span)
                     .add_service(SessionServiceServer::with_interceptor(api, secret))
                     .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned())
@@ -148,6 +157,37 @@ impl Memory {
         }
         tracing::info!("memory stopped");
         supervised.and(served)
+    }
+}
+
+/// The gRPC server builder: plain, or serving TLS with `tls_cert_file` and `tls_key_file`.
+fn grpc_server(settings: &MemorySettings) -> Result<tonic::transport::Server, MemoryError> {
+    let server = tonic::transport::Server::builder();
+    let (cert, key) = (&settings.tls_cert_file, &settings.tls_key_file);
+    match (cert.is_empty(), key.is_empty()) {
+        (true, true) => Ok(server),
+        (false, true) => Err(MemoryError::TlsIncomplete {
+            set: "tls_cert_file",
+        }),
+        (true, false) => Err(MemoryError::TlsIncomplete {
+            set: "tls_key_file",
+        }),
+        (false, false) => {
+            let read = |path: &String| {
+                std::fs::read(path).map_err(|source| MemoryError::TlsFile {
+                    path: path.clone(),
+                    source,
+                })
+            };
+            let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+            server
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|source| MemoryError::Tls {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    source,
+                })
+        }
     }
 }
 
@@ -311,5 +351,40 @@ mod tests {
     fn identifiers_are_quoted_with_inner_quotes_doubled() {
         assert_eq!(quote_identifier("agentloop"), "\"agentloop\"");
         assert_eq!(quote_identifier("a\"b; DROP"), "\"a\"\"b; DROP\"");
+    }
+
+    #[test]
+    fn tls_settings_that_cannot_work_are_refused_naming_what_is_wrong() {
+        let only_cert = MemorySettings {
+            tls_cert_file: "/etc/memory/tls.crt".to_owned(),
+            ..MemorySettings::default()
+        };
+        let refused = grpc_server(&only_cert).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                MemoryError::TlsIncomplete {
+                    set: "tls_cert_file"
+                }
+            ),
+            "{refused:?}"
+        );
+
+        let missing = MemorySettings {
+            tls_cert_file: "/nonexistent/tls.crt".to_owned(),
+            tls_key_file: "/nonexistent/tls.key".to_owned(),
+            ..MemorySettings::default()
+        };
+        let refused = grpc_server(&missing).unwrap_err();
+        assert!(
+            matches!(refused, MemoryError::TlsFile { .. }),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains("/nonexistent/tls.crt"),
+            "{refused}"
+        );
+
+        assert!(grpc_server(&MemorySettings::default()).is_ok());
     }
 }

@@ -9,8 +9,9 @@ mod propagation;
 pub use coalesce::CoalescingIo;
 
 pub use propagation::{
-    ChannelError, GrpcTraceInjector, TracedChannel, grpc_incoming, grpc_server_span, inject_grpc,
-    inject_map, inject_nats, set_parent_from_map, set_parent_from_nats, traced_channel,
+    ChannelError, ChannelTls, GrpcTraceInjector, TracedChannel, grpc_incoming, grpc_server_span,
+    inject_grpc, inject_map, inject_nats, set_parent_from_map, set_parent_from_nats,
+    traced_channel, traced_channel_tls,
 };
 
 use opentelemetry::trace::TracerProvider as _;

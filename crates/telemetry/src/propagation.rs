@@ -93,6 +93,39 @@ pub enum ChannelError {
     /// The shared secret holds characters a gRPC header cannot carry.
     #[error("the shared secret must be visible ASCII")]
     Secret,
+    /// The CA file that should verify the server cannot be read.
+    #[error("cannot read the TLS CA file {path}")]
+    CaFile {
+        /// The configured path.
+        path: String,
+        /// Why reading failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A CA file is set but the URL is not `https://`, so the channel would not use it.
+    #[error("a TLS CA file is set, so the URL must start with https://")]
+    TlsNeedsHttps,
+    /// The URL is `https://` but no CA file says whom to trust.
+    #[error("an https:// URL needs a TLS CA file to verify the server")]
+    HttpsNeedsCa,
+    /// tonic refused the TLS settings (a CA file holding no certificate, a bad domain).
+    #[error("invalid TLS settings (CA file {path})")]
+    Tls {
+        /// The configured CA path.
+        path: String,
+        /// tonic's complaint.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// How a channel checks the server it reaches over TLS; an empty `ca_file` means plaintext.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChannelTls<'a> {
+    /// PEM file of the CA(s) the server's certificate must chain to.
+    pub ca_file: &'a str,
+    /// Name the certificate must carry, when not the URL's host; empty checks the host.
+    pub domain: &'a str,
 }
 
 /// A gRPC channel that adds `traceparent` to every call.
@@ -142,7 +175,7 @@ where
     }
 }
 
-/// Opens plain TCP connections (`http://` endpoints) whose writes go out per turn of the
+/// Opens TCP connections (under TLS for `https://` endpoints) whose writes go out per turn of the
 /// runtime (see [`CoalescingIo`]), without Nagle's delay.
 #[derive(Debug, Clone, Copy)]
 struct CoalescingConnector;
@@ -161,13 +194,18 @@ impl tower_service::Service<http::Uri> for CoalescingConnector {
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         Box::pin(async move {
-            if uri.scheme_str() != Some("http") {
-                // No TLS is built in: a gRPC peer is reached over the cluster's network.
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!("{uri}: only http:// gRPC endpoints are supported"),
-                ));
-            }
+            // tonic wraps what this returns in TLS itself for an `https://` URI (its connector
+            // runs the endpoint's `tls_config` around ours), so both schemes open plain TCP.
+            let default_port = match uri.scheme_str() {
+                Some("http") => 80,
+                Some("https") => 443,
+                _ => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!("{uri}: only http:// and https:// gRPC endpoints are supported"),
+                    ));
+                }
+            };
             let host = uri.host().ok_or_else(|| {
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
@@ -176,7 +214,7 @@ impl tower_service::Service<http::Uri> for CoalescingConnector {
             })?;
             // An IPv6 literal comes bracketed in the URI.
             let host = host.trim_start_matches('[').trim_end_matches(']');
-            let port = uri.port_u16().unwrap_or(80);
+            let port = uri.port_u16().unwrap_or(default_port);
             let stream = tokio::net::TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
             Ok(hyper_util::rt::TokioIo::new(CoalescingIo::new(stream)))
@@ -201,6 +239,20 @@ pub fn grpc_incoming(
 /// # Errors
 /// [`ChannelError`] when `url` is not a valid URI or `secret` cannot be a header.
 pub fn traced_channel(url: &str, secret: &str) -> Result<TracedChannel, ChannelError> {
+    traced_channel_tls(url, secret, ChannelTls::default())
+}
+
+/// [`traced_channel`], over TLS verified against `tls.ca_file` when that is set (the URL must
+/// then be `https://`). The CA file is read here, once, so a bad path fails at start.
+///
+/// # Errors
+/// [`ChannelError`] when `url` is not a valid URI, `secret` cannot be a header, the CA file
+/// cannot be read or used, or the URL's scheme does not match whether TLS is configured.
+pub fn traced_channel_tls(
+    url: &str,
+    secret: &str,
+    tls: ChannelTls<'_>,
+) -> Result<TracedChannel, ChannelError> {
     let authorization = if secret.is_empty() {
         None
     } else {
@@ -210,11 +262,37 @@ pub fn traced_channel(url: &str, secret: &str) -> Result<TracedChannel, ChannelE
                 .map_err(|_| ChannelError::Secret)?,
         )
     };
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map_err(ChannelError::Url)?
         .connect_timeout(std::time::Duration::from_secs(2))
-        .http2_keep_alive_interval(std::time::Duration::from_secs(30))
-        .connect_with_connector_lazy(CoalescingConnector);
+        .http2_keep_alive_interval(std::time::Duration::from_secs(30));
+    let https = endpoint.uri().scheme_str() == Some("https");
+    match (tls.ca_file.is_empty(), https) {
+        (true, false) => {}
+        // Either mismatch would otherwise show only at the first call, or worse, a CA set
+        // next to an http:// URL would be ignored and the channel would stay plaintext.
+        (false, false) => return Err(ChannelError::TlsNeedsHttps),
+        (true, true) => return Err(ChannelError::HttpsNeedsCa),
+        (false, true) => {
+            let ca = std::fs::read(tls.ca_file).map_err(|source| ChannelError::CaFile {
+                path: tls.ca_file.to_owned(),
+                source,
+            })?;
+            let mut config = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+            if !tls.domain.is_empty() {
+                config = config.domain_name(tls.domain);
+            }
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|source| ChannelError::Tls {
+                    path: tls.ca_file.to_owned(),
+                    source,
+                })?;
+        }
+    }
+    // The same connector for both: tonic runs its TLS handshake over the stream it returns.
+    let channel = endpoint.connect_with_connector_lazy(CoalescingConnector);
     Ok(tonic::service::interceptor::InterceptedService::new(
         WholeBody(channel),
         GrpcTraceInjector { authorization },
@@ -285,7 +363,7 @@ mod tests {
     use tower_service::Service as _;
 
     #[tokio::test]
-    async fn the_connector_reaches_http_endpoints_and_refuses_others() {
+    async fn the_connector_reaches_http_and_https_endpoints_and_refuses_others() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let uri: http::Uri = format!("http://127.0.0.1:{port}").parse().unwrap();
@@ -295,7 +373,35 @@ mod tests {
         assert!(io.inner().get_ref().nodelay().unwrap());
 
         let https: http::Uri = format!("https://127.0.0.1:{port}").parse().unwrap();
-        let refused = CoalescingConnector.call(https).await.unwrap_err();
+        let io = CoalescingConnector.call(https).await.unwrap();
+        let (_, peer) = listener.accept().await.unwrap();
+        assert_eq!(io.inner().get_ref().local_addr().unwrap(), peer);
+
+        let unix: http::Uri = "unix://127.0.0.1/x".parse().unwrap();
+        let refused = CoalescingConnector.call(unix).await.unwrap_err();
         assert!(refused.to_string().contains("only http://"), "{refused}");
+    }
+
+    #[test]
+    fn tls_settings_and_the_scheme_must_agree() {
+        let https = traced_channel_tls("https://127.0.0.1:1", "", ChannelTls::default());
+        assert!(
+            matches!(https, Err(ChannelError::HttpsNeedsCa)),
+            "{https:?}"
+        );
+        let ca = ChannelTls {
+            ca_file: "/nonexistent/ca.pem",
+            domain: "",
+        };
+        let plain = traced_channel_tls("http://127.0.0.1:1", "", ca);
+        assert!(
+            matches!(plain, Err(ChannelError::TlsNeedsHttps)),
+            "{plain:?}"
+        );
+        let missing = traced_channel_tls("https://127.0.0.1:1", "", ca).unwrap_err();
+        assert!(
+            missing.to_string().contains("/nonexistent/ca.pem"),
+            "{missing}"
+        );
     }
 }

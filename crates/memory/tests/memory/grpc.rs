@@ -29,13 +29,23 @@ impl Running {
     }
 
     async fn start_with_secret(database_url: String, secret: &str) -> Running {
+        Self::start_with(MemorySettings {
+            database_url,
+            secret: secret.to_owned(),
+            ..MemorySettings::default()
+        })
+        .await
+    }
+
+    /// Starts memory on a loopback port 0 with `settings` otherwise; `client` speaks plain
+    /// HTTP/2 (and only connects at its first call when memory serves TLS).
+    async fn start_with(settings: MemorySettings) -> Running {
+        let tls = !settings.tls_cert_file.is_empty();
         let config = MemoryConfig {
             memory: MemorySettings {
                 listen: "127.0.0.1:0".to_owned(),
-                database_url,
                 max_connections: 4,
-                secret: secret.to_owned(),
-                ..MemorySettings::default()
+                ..settings
             },
         };
         let health = Health::new();
@@ -46,9 +56,16 @@ impl Running {
         let url = format!("http://{addr}");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(memory.serve(shutdown.clone()));
-        let client = SessionServiceClient::connect(url)
-            .await
-            .expect("the listener is bound, so connecting succeeds");
+        let client = if tls {
+            Channel::from_shared(url).expect("valid").connect_lazy()
+        } else {
+            Channel::from_shared(url)
+                .expect("valid")
+                .connect()
+                .await
+                .expect("the listener is bound, so connecting succeeds")
+        };
+        let client = SessionServiceClient::new(client);
         Running {
             addr,
             health,
@@ -132,6 +149,207 @@ async fn with_a_shared_secret_a_caller_without_it_reads_nothing(pool: PgPool) {
     );
     assert_eq!(history.expect_err("refused").code(), Code::Unauthenticated);
     server.stop().await;
+}
+
+/// A directory of its own under the system's temp dir, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!("{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("the temp dir is writable");
+        TempDir(dir)
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.0.join(file).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let status = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("the openssl command is needed to make test certificates");
+    assert!(status.success(), "openssl {args:?} failed");
+}
+
+/// A self-signed CA named `<name>.pem` (key `<name>.key`) in `dir`.
+fn make_ca(dir: &std::path::Path, name: &str) {
+    let (key, pem) = (format!("{name}.key"), format!("{name}.pem"));
+    let subject = format!("/CN=agentloop test {name}");
+    openssl(
+        dir,
+        &[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", &subject,
+            "-keyout", &key, "-out", &pem,
+        ],
+    );
+}
+
+/// `server.pem` and `server.key` for localhost and 127.0.0.1, signed by the CA `ca`.
+fn make_server_certificate(dir: &std::path::Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("the temp dir is writable");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ],
+    );
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn with_tls_only_a_client_trusting_the_ca_gets_through(pool: PgPool) {
+    // Arrange: a CA, a server certificate it signed, a CA nobody signed with, and memory
+    // serving TLS with that certificate.
+    let dir = TempDir::new("agentloop-memory-tls");
+    make_ca(&dir.0, "ca");
+    make_ca(&dir.0, "stranger");
+    make_server_certificate(&dir.0);
+    let server = Running::start_with(MemorySettings {
+        database_url: url_of(&pool),
+        tls_cert_file: dir.path("server.pem"),
+        tls_key_file: dir.path("server.key"),
+        ..MemorySettings::default()
+    })
+    .await;
+    server.wait_ready().await;
+    let url = format!("https://{}", server.addr);
+    let ca = dir.path("ca.pem");
+    let stranger_ca = dir.path("stranger.pem");
+    let client = |ca_file: &str, domain: &str| {
+        SessionServiceClient::new(
+            agentloop_telemetry::traced_channel_tls(
+                &url,
+                "",
+                agentloop_telemetry::ChannelTls { ca_file, domain },
+            )
+            .expect("valid settings"),
+        )
+    };
+    let resolve = pb::ResolveSessionRequest {
+        session_key: "cli:alice".to_owned(),
+        agent_id: String::new(),
+        channel: "cli".to_owned(),
+    };
+    let call = |mut client: SessionServiceClient<_>| {
+        let resolve = resolve.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(10), client.resolve_session(resolve))
+                .await
+                .expect("a call ends within 10s")
+        }
+    };
+
+    // Act: clients trusting the CA (checking the IP, and the name `localhost`), a plaintext
+    // one, one trusting another CA, and one expecting another name.
+    let by_ip = call(client(&ca, "")).await;
+    let by_name = call(client(&ca, "localhost")).await;
+    let plaintext = call(SessionServiceClient::new(
+        agentloop_telemetry::traced_channel(&format!("http://{}", server.addr), "").expect("valid"),
+    ))
+    .await;
+    let untrusting = call(client(&stranger_ca, "")).await;
+    let wrong_name = call(client(&ca, "memory.example")).await;
+
+    // Assert: only the clients trusting the CA get an answer, the same session.
+    let session = by_ip
+        .expect("a client trusting the CA gets through")
+        .into_inner();
+    assert_eq!(
+        by_name.expect("the name matches too").into_inner().id,
+        session.id
+    );
+    for (who, refused) in [
+        ("plaintext", plaintext),
+        ("untrusting", untrusting),
+        ("wrong name", wrong_name),
+    ] {
+        // Transport failures only: `Unavailable` from a failed handshake, `Unknown` from a
+        // connection the server closed mid-request.
+        let status = refused.expect_err(who);
+        assert!(
+            matches!(status.code(), Code::Unavailable | Code::Unknown),
+            "{who}: {status:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_half_or_unreadable_tls_setting_stops_memory_at_start() {
+    let start = |cert: &str, key: &str| {
+        let config = MemoryConfig {
+            memory: MemorySettings {
+                listen: "127.0.0.1:0".to_owned(),
+                tls_cert_file: cert.to_owned(),
+                tls_key_file: key.to_owned(),
+                ..MemorySettings::default()
+            },
+        };
+        Memory::bind(config, Health::new())
+    };
+
+    let half = start("/etc/memory/tls.crt", "")
+        .await
+        .err()
+        .expect("refused");
+    let unreadable = start("/nonexistent/tls.crt", "/nonexistent/tls.key")
+        .await
+        .err()
+        .expect("refused");
+
+    assert!(half.to_string().contains("tls_key_file"), "{half}");
+    assert!(
+        unreadable.to_string().contains("/nonexistent/tls.crt"),
+        "{unreadable}"
+    );
 }
 
 #[sqlx::test(migrations = "./migrations")]
