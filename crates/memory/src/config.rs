@@ -42,6 +42,9 @@ pub struct MemorySettings {
     /// Shared secret every gRPC call must present (`authorization: Bearer <secret>`); empty
     /// accepts every caller that can reach `listen`.
     pub secret: String,
+    /// Most pending (not yet consumed) inputs one session may hold; an input past it is refused
+    /// with `queue_full` instead of stored. 0 means no cap.
+    pub inbox_max_pending: u64,
 }
 
 impl Default for MemorySettings {
@@ -56,6 +59,7 @@ impl Default for MemorySettings {
             batch_lanes: 1,
             batch_max_calls: 64,
             secret: String::new(),
+            inbox_max_pending: 1000,
         }
     }
 }
@@ -71,6 +75,7 @@ impl std::fmt::Debug for MemorySettings {
             .field("history_limit", &self.history_limit)
             .field("batch_lanes", &self.batch_lanes)
             .field("batch_max_calls", &self.batch_max_calls)
+            .field("inbox_max_pending", &self.inbox_max_pending)
             .field(
                 "secret",
                 &if self.secret.is_empty() {
