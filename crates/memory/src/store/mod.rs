@@ -359,6 +359,18 @@ pub(crate) fn non_empty(value: &str) -> Option<String> {
     (!value.is_empty()).then(|| value.to_owned())
 }
 
+/// Stores the inbox cap where `agentloop_inbox_cap()` (migration 0012) reads it.
+pub(crate) async fn write_inbox_max_pending(pool: &PgPool, cap: u64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO agentloop_settings (name, value) VALUES ('inbox_max_pending', $1) \
+         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+    )
+    .bind(i64::try_from(cap).unwrap_or(i64::MAX))
+    .execute(pool)
+    .await
+    .map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,16 +386,4 @@ mod tests {
         assert!(InboxKind::from_str("shout").is_err());
         assert!(RunStatus::from_str("running").is_err());
     }
-}
-
-/// Stores the inbox cap where `agentloop_inbox_cap()` (migration 0012) reads it.
-pub(crate) async fn write_inbox_max_pending(pool: &PgPool, cap: u64) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO agentloop_settings (name, value) VALUES ('inbox_max_pending', $1) \
-         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
-    )
-    .bind(i64::try_from(cap).unwrap_or(i64::MAX))
-    .execute(pool)
-    .await
-    .map(|_| ())
 }

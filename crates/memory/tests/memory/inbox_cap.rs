@@ -18,7 +18,7 @@ async fn pending(pool: &PgPool, session: Uuid) -> i64 {
     .bind(session)
     .fetch_one(pool)
     .await
-    .unwrap()
+    .expect("the inbox can be counted")
 }
 
 #[sqlx::test(migrations = "./migrations")]
