@@ -131,6 +131,7 @@ mod tests {
         let env = [
             ("AGENTLOOP_MEMORY__LISTEN", "0.0.0.0:6000"),
             ("AGENTLOOP_MEMORY__HISTORY_LIMIT", "50"),
+            ("AGENTLOOP_MEMORY__INBOX_MAX_PENDING", "5"),
             ("AGENTLOOP_MEMORY__SOME_CLIENT_KEY", "ignored"),
             ("AGENTLOOP_BUS__URL", "nats://nats:4222"),
             ("DATABASE_URL", "postgres://db/agentloop"),
@@ -141,6 +142,8 @@ mod tests {
 
         assert_eq!(config.memory.listen, "0.0.0.0:6000");
         assert_eq!(config.memory.history_limit, 50);
+        assert_eq!(config.memory.inbox_max_pending, 5);
+        assert_eq!(MemorySettings::default().inbox_max_pending, 1000);
         assert_eq!(config.memory.database_url, "postgres://db/agentloop");
         assert_eq!(config.memory.url, "http://127.0.0.1:50051");
         assert_eq!(config.memory.max_connections, 0);
