@@ -18,6 +18,8 @@ mod gateway_exhaustion;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
+mod inbox_cap;
+#[cfg(test)]
 mod poison;
 #[cfg(test)]
 mod principals;

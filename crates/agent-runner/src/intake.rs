@@ -272,7 +272,8 @@ fn default_owner_id() -> String {
     )
 }
 
-async fn reject(bus: &Bus, msg: &jetstream::Message, reason: &str) {
+/// Dead-letters a command with the reason and acks it; naks it when the dead-letter failed.
+pub(crate) async fn reject(bus: &Bus, msg: &jetstream::Message, reason: &str) {
     match bus
         .dead_letter(
             SERVICE,
@@ -355,6 +356,18 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
             return;
         }
     };
+    if enqueued.queue_full {
+        crate::queue_full::refuse(shared, msg, &command, enqueued.inbox_max_pending).await;
+        // Nothing of this command was stored, but the claim is still this replica's: it was
+        // taken for the inputs already pending (the lease was free), so they are run.
+        if enqueued.claimed {
+            let first = enqueued
+                .taken
+                .map(|taken| (taken, request.history_after_seq));
+            start_owner(shared, &command.session_id, enqueued.epoch, first);
+        }
+        return;
+    }
     // Acknowledged once the enqueue is on disk; meanwhile the run goes ahead.
     let row = agentloop_proto::v1::InboxRow {
         seq: enqueued.seq,

@@ -18,6 +18,7 @@ mod intake;
 mod memory;
 mod owner;
 mod prompt;
+mod queue_full;
 mod recovery;
 mod retry;
 mod run;

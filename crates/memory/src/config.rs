@@ -46,6 +46,9 @@ pub struct MemorySettings {
     pub tls_cert_file: String,
     /// PEM private key of `tls_cert_file`.
     pub tls_key_file: String,
+    /// Most pending (not yet consumed) inputs one session may hold; an input past it is refused
+    /// with `queue_full` instead of stored. 0 means no cap.
+    pub inbox_max_pending: u64,
 }
 
 impl Default for MemorySettings {
@@ -62,6 +65,7 @@ impl Default for MemorySettings {
             secret: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
+            inbox_max_pending: 1000,
         }
     }
 }
@@ -77,6 +81,7 @@ impl std::fmt::Debug for MemorySettings {
             .field("history_limit", &self.history_limit)
             .field("batch_lanes", &self.batch_lanes)
             .field("batch_max_calls", &self.batch_max_calls)
+            .field("inbox_max_pending", &self.inbox_max_pending)
             .field(
                 "secret",
                 &if self.secret.is_empty() {
@@ -134,6 +139,7 @@ mod tests {
         let env = [
             ("AGENTLOOP_MEMORY__LISTEN", "0.0.0.0:6000"),
             ("AGENTLOOP_MEMORY__HISTORY_LIMIT", "50"),
+            ("AGENTLOOP_MEMORY__INBOX_MAX_PENDING", "5"),
             ("AGENTLOOP_MEMORY__SOME_CLIENT_KEY", "ignored"),
             ("AGENTLOOP_BUS__URL", "nats://nats:4222"),
             ("DATABASE_URL", "postgres://db/agentloop"),
@@ -144,6 +150,8 @@ mod tests {
 
         assert_eq!(config.memory.listen, "0.0.0.0:6000");
         assert_eq!(config.memory.history_limit, 50);
+        assert_eq!(config.memory.inbox_max_pending, 5);
+        assert_eq!(MemorySettings::default().inbox_max_pending, 1000);
         assert_eq!(config.memory.database_url, "postgres://db/agentloop");
         assert_eq!(config.memory.url, "http://127.0.0.1:50051");
         assert_eq!(config.memory.max_connections, 0);

@@ -54,6 +54,8 @@ pub(crate) struct SessionApi {
     store: Arc<OnceLock<Store>>,
     readiness: Readiness,
     history_limit: u32,
+    /// This replica's `memory.inbox_max_pending`, told to a caller refused by it.
+    inbox_max_pending: u64,
     lease_lost: Counter,
     internal_errors: Counter,
 }
@@ -64,11 +66,13 @@ impl SessionApi {
         health: &Health,
         readiness: Readiness,
         history_limit: u32,
+        inbox_max_pending: u64,
     ) -> Self {
         Self {
             store,
             readiness,
             history_limit,
+            inbox_max_pending,
             lease_lost: health.counter(
                 "agentloop_memory_lease_lost_total",
                 "Fenced writes refused because the caller's epoch no longer held the lease.",
@@ -77,6 +81,15 @@ impl SessionApi {
                 "agentloop_memory_internal_errors_total",
                 "SessionService calls that failed with INTERNAL.",
             ),
+        }
+    }
+
+    /// The inbox cap to tell a caller, only when it refused the caller's input.
+    fn cap_when(&self, queue_full: bool) -> u64 {
+        if queue_full {
+            self.inbox_max_pending
+        } else {
+            0
         }
     }
 
@@ -214,6 +227,8 @@ impl SessionApi {
             return Ok(pb::EnqueueResponse {
                 inserted: enqueued.inserted,
                 seq: enqueued.seq,
+                queue_full: enqueued.queue_full,
+                inbox_max_pending: self.cap_when(enqueued.queue_full),
                 ..Default::default()
             });
         }
@@ -244,6 +259,8 @@ impl SessionApi {
             epoch: claim.epoch,
             owner: claim.owner.unwrap_or_default(),
             taken,
+            queue_full: enqueued.queue_full,
+            inbox_max_pending: self.cap_when(enqueued.queue_full),
         })
     }
 

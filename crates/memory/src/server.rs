@@ -99,6 +99,7 @@ impl Memory {
             &health,
             readiness.clone(),
             config.memory.history_limit,
+            config.memory.inbox_max_pending,
         );
         // Whichever half fails first stops the other, so a fatal migration error does not
         // leave a server that can never become ready.
@@ -212,7 +213,9 @@ async fn supervise_database(
         // caller sees as UNAVAILABLE and retries, and the pool drops that connection.
         .test_before_acquire(false)
         .connect_lazy_with(options.clone());
-    let Some(()) = prepare_database(&options, &pool, &stop).await? else {
+    let Some(()) =
+        prepare_database(&options, &pool, &stop, config.memory.inbox_max_pending).await?
+    else {
         return Ok(());
     };
     let batching = BatchSettings {
@@ -262,12 +265,13 @@ async fn prepare_database(
     options: &PgConnectOptions,
     pool: &PgPool,
     stop: &CancellationToken,
+    inbox_max_pending: u64,
 ) -> Result<Option<()>, MemoryError> {
     let mut backoff = MIN_BACKOFF;
     loop {
         let attempt = tokio::select! {
             () = stop.cancelled() => return Ok(None),
-            attempt = connect_and_migrate(options, pool) => attempt,
+            attempt = connect_and_migrate(options, pool, inbox_max_pending) => attempt,
         };
         match attempt {
             Ok(()) => return Ok(Some(())),
@@ -292,7 +296,11 @@ async fn prepare_database(
 
 /// Checks that the server answers with one direct connection (creating the database on first
 /// start), then migrates through the pool.
-async fn connect_and_migrate(options: &PgConnectOptions, pool: &PgPool) -> Result<(), MemoryError> {
+async fn connect_and_migrate(
+    options: &PgConnectOptions,
+    pool: &PgPool,
+    inbox_max_pending: u64,
+) -> Result<(), MemoryError> {
     // A direct connection fails fast and says why (refused, no such database); the pool would
     // retry until its acquire timeout and report only that.
     let probe = match PgConnection::connect_with(options).await {
@@ -309,7 +317,11 @@ async fn connect_and_migrate(options: &PgConnectOptions, pool: &PgPool) -> Resul
     // Replicas starting together serialize on sqlx's migration advisory lock. Through the pool
     // rather than the probe: `run(&mut PgConnection)` trips rustc's higher-ranked `Send` check
     // once this future is spawned.
-    MIGRATOR.run(pool).await.map_err(MemoryError::Migrate)
+    MIGRATOR.run(pool).await.map_err(MemoryError::Migrate)?;
+    // Written before the store is published: the inbox's trigger reads it on every enqueue.
+    crate::store::write_inbox_max_pending(pool, inbox_max_pending)
+        .await
+        .map_err(MemoryError::Unavailable)
 }
 
 /// Creates the configured database through the `postgres` maintenance database, so a first

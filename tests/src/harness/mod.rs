@@ -14,6 +14,9 @@ use agentloop_testkit::{NatsServer, ServiceHandle, TestDatabase};
 /// Adjusts the runner's configuration before it starts.
 pub type RunnerTweak = Box<dyn FnOnce(&mut agentloop_agent_runner::RunnerConfig) + Send>;
 
+/// Adjusts memory's configuration before it starts.
+pub type MemoryTweak = Box<dyn FnOnce(&mut agentloop_memory::MemoryConfig) + Send>;
+
 /// How to build a sandbox.
 #[derive(Default)]
 pub struct SandboxOptions {
@@ -27,6 +30,8 @@ pub struct SandboxOptions {
     pub runners: usize,
     /// Overrides `bus.ack_gather_ms`; the ack wait (5 s) grows to ten times it when needed.
     pub ack_gather_ms: Option<u64>,
+    /// Changes to memory's configuration (the inbox cap).
+    pub memory: Option<MemoryTweak>,
 }
 
 /// A running stack.
@@ -92,6 +97,9 @@ impl Sandbox {
         let mut memory_config = agentloop_memory::MemoryConfig::default();
         memory_config.memory.listen = "127.0.0.1:0".to_owned();
         memory_config.memory.database_url = db.url().to_owned();
+        if let Some(tweak) = options.memory {
+            tweak(&mut memory_config);
+        }
         let health = agentloop_lifecycle::Health::new();
         let memory = agentloop_memory::Memory::bind(memory_config, health).await?;
         let memory_url = format!("http://{}", memory.local_addr());

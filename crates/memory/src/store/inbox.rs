@@ -36,8 +36,12 @@ pub struct Taken {
 pub struct Enqueued {
     /// Whether the input is new (false: its idempotency key was seen before).
     pub inserted: bool,
-    /// The input's position in the inbox (the existing row's on a repeat).
+    /// The input's position in the inbox (the existing row's on a repeat; 0 when refused).
     pub seq: i64,
+    /// Refused: the session already had `memory.inbox_max_pending` inputs pending, so nothing
+    /// was stored (`inserted` is false and `seq` 0). Never set for a repeated key, which is
+    /// answered with its stored row whether or not the inbox is full.
+    pub queue_full: bool,
 }
 
 #[derive(sqlx::FromRow)]
@@ -228,11 +232,15 @@ async fn enqueue_one(
 }
 
 impl EnqueueRow {
-    /// Whether the input was new, and its seq.
+    /// Whether the input was new, and its seq, or that the inbox cap refused it.
     pub(crate) fn enqueued(&self) -> Enqueued {
+        let inserted = self.inserted.unwrap_or(false);
         Enqueued {
-            inserted: self.inserted.unwrap_or(false),
+            inserted,
             seq: self.enqueued_seq.unwrap_or_default(),
+            // The cap's trigger skips the row, so the enqueue functions find it neither
+            // inserted nor stored under its key (a repeat would have found its row).
+            queue_full: self.session_found && !inserted && self.enqueued_seq.is_none(),
         }
     }
 

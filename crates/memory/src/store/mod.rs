@@ -104,6 +104,18 @@ impl Store {
             .map_err(|err| error::translate(err, session_id))
     }
 
+    /// Sets the most pending (unconsumed) inputs one session's inbox may hold; 0 means no cap.
+    /// Stored in the database, where the inbox's insert trigger reads it, so it holds for every
+    /// replica (the last one started wins when their configs differ).
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn set_inbox_max_pending(&self, cap: u64) -> Result<(), MemoryError> {
+        write_inbox_max_pending(self.shared.pool(), cap)
+            .await
+            .map_err(|err| error::translate(err, Uuid::nil()))
+    }
+
     /// Runs a trivial query to learn whether Postgres answers.
     ///
     /// # Errors
@@ -345,6 +357,18 @@ pub struct RunOutcome {
 /// Returns `None` for an empty string: proto3 has no null, the schema does.
 pub(crate) fn non_empty(value: &str) -> Option<String> {
     (!value.is_empty()).then(|| value.to_owned())
+}
+
+/// Stores the inbox cap where `agentloop_inbox_cap()` (migration 0012) reads it.
+pub(crate) async fn write_inbox_max_pending(pool: &PgPool, cap: u64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO agentloop_settings (name, value) VALUES ('inbox_max_pending', $1) \
+         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+    )
+    .bind(i64::try_from(cap).unwrap_or(i64::MAX))
+    .execute(pool)
+    .await
+    .map(|_| ())
 }
 
 #[cfg(test)]

@@ -655,3 +655,68 @@ async fn a_missing_database_is_created_and_migrated_on_start(pool: PgPool) {
     .await
     .unwrap();
 }
+
+#[sqlx::test(migrations = "./migrations")]
+async fn an_enqueue_past_the_inbox_cap_answers_queue_full_with_the_cap(pool: PgPool) {
+    let server = Running::start_with(MemorySettings {
+        database_url: url_of(&pool),
+        inbox_max_pending: 2,
+        ..MemorySettings::default()
+    })
+    .await;
+    server.wait_ready().await;
+    let mut client = server.client.clone();
+    let session = client
+        .resolve_session(pb::ResolveSessionRequest {
+            session_key: "cli:flood".to_owned(),
+            agent_id: String::new(),
+            channel: "cli".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let enqueue = |key: &str, claim_owner: &str| pb::EnqueueRequest {
+        session_id: session.id.clone(),
+        idempotency_key: key.to_owned(),
+        kind: "user".to_owned(),
+        payload: key.as_bytes().to_vec(),
+        claim_owner: claim_owner.to_owned(),
+        claim_ttl_ms: 60_000,
+        take_when_claimed: !claim_owner.is_empty(),
+        history_limit: 10,
+        history_after_seq: 0,
+    };
+
+    let mut answers = Vec::new();
+    for key in ["k1", "k2", "k3"] {
+        answers.push(client.enqueue(enqueue(key, "")).await.unwrap().into_inner());
+    }
+    let repeat = client
+        .enqueue(enqueue("k1", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    // Refused, with the lease free: the claim is taken for the inputs already pending.
+    let claimed = client
+        .enqueue(enqueue("k4", "runner-a"))
+        .await
+        .unwrap()
+        .into_inner();
+
+    assert!(answers[0].inserted && answers[1].inserted);
+    assert!(!answers[0].queue_full && !answers[1].queue_full);
+    assert_eq!(answers[0].inbox_max_pending, 0);
+    assert!(answers[2].queue_full, "{:?}", answers[2]);
+    assert!(!answers[2].inserted);
+    assert_eq!(answers[2].seq, 0);
+    assert_eq!(answers[2].inbox_max_pending, 2);
+    assert!(!repeat.queue_full && !repeat.inserted);
+    assert_eq!(repeat.seq, answers[0].seq);
+    assert!(claimed.queue_full && claimed.claimed, "{claimed:?}");
+    let taken = claimed
+        .taken
+        .and_then(|t| t.item)
+        .expect("the oldest input");
+    assert_eq!(taken.idempotency_key, "k1");
+    server.stop().await;
+}

@@ -2,6 +2,7 @@
 //! and the gRPC server started for real on port 0.
 
 mod grpc;
+mod inbox_cap;
 mod ownership;
 mod store;
 
