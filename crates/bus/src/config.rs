@@ -99,8 +99,10 @@ impl Default for BusConfig {
             events_max_age_secs: 3600,
             events_in_memory: true,
             events_max_bytes: 256 * 1024 * 1024,
-            work_max_bytes: 1024 * 1024 * 1024,
-            dlq_max_bytes: 1024 * 1024 * 1024,
+            // JetStream reserves a stream's max_bytes on disk when it creates the stream, so the
+            // defaults stay modest: 1 GiB in all, which a server with 1.4 GB free can reserve.
+            work_max_bytes: 256 * 1024 * 1024,
+            dlq_max_bytes: 256 * 1024 * 1024,
             dlq_max_age_secs: 14 * 24 * 3600,
             duplicate_window_secs: 120,
             ack_wait_ms: 30_000,
