@@ -83,18 +83,13 @@ pub(crate) async fn serve(
         "Run commands dead-lettered.",
     );
     let models = ModelClient::new(&config.models)?;
-    let channel = agentloop_telemetry::traced_channel_tls(
-        &config.memory.url,
-        &config.memory.secret,
-        agentloop_telemetry::ChannelTls {
-            ca_file: &config.memory.tls_ca_file,
-            domain: &config.memory.tls_domain,
-        },
-    )
-    .map_err(|source| RunnerError::MemoryUrl {
-        url: config.memory.url.clone(),
-        source,
-    })?;
+    let channel = config
+        .memory
+        .channel()
+        .map_err(|source| RunnerError::MemoryUrl {
+            url: config.memory.url.clone(),
+            source,
+        })?;
     let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
         return Ok(());
     };

@@ -67,15 +67,10 @@ impl Gateway {
         }
         let guard = Guard::new(&config.gateway)?;
         let url = config.memory.url.clone();
-        let channel = agentloop_telemetry::traced_channel_tls(
-            &url,
-            &config.memory.secret,
-            agentloop_telemetry::ChannelTls {
-                ca_file: &config.memory.tls_ca_file,
-                domain: &config.memory.tls_domain,
-            },
-        )
-        .map_err(|source| GatewayError::MemoryUrl { url, source })?;
+        let channel = config
+            .memory
+            .channel()
+            .map_err(|source| GatewayError::MemoryUrl { url, source })?;
         let addr = config.gateway.listen.clone();
         let listener = tokio::net::TcpListener::bind(&addr)
             .await

@@ -81,6 +81,26 @@ impl Default for MemoryEndpoint {
     }
 }
 
+impl MemoryEndpoint {
+    /// Returns the channel to the memory service these settings describe: its URL, secret and
+    /// TLS, with traces propagated.
+    ///
+    /// # Errors
+    /// [`agentloop_telemetry::ChannelError`] when a setting cannot be used.
+    pub fn channel(
+        &self,
+    ) -> Result<agentloop_telemetry::TracedChannel, agentloop_telemetry::ChannelError> {
+        agentloop_telemetry::traced_channel_tls(
+            &self.url,
+            &self.secret,
+            agentloop_telemetry::ChannelTls {
+                ca_file: &self.tls_ca_file,
+                domain: &self.tls_domain,
+            },
+        )
+    }
+}
+
 impl std::fmt::Debug for MemoryEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryEndpoint")

@@ -56,18 +56,13 @@ pub(crate) async fn serve(
     else {
         return Ok(());
     };
-    let channel = agentloop_telemetry::traced_channel_tls(
-        &config.memory.url,
-        &config.memory.secret,
-        agentloop_telemetry::ChannelTls {
-            ca_file: &config.memory.tls_ca_file,
-            domain: &config.memory.tls_domain,
-        },
-    )
-    .map_err(|source| RouterError::MemoryUrl {
-        url: config.memory.url.clone(),
-        source,
-    })?;
+    let channel = config
+        .memory
+        .channel()
+        .map_err(|source| RouterError::MemoryUrl {
+            url: config.memory.url.clone(),
+            source,
+        })?;
     let mut messages = bus
         .deliveries(StreamKind::Inbound, &config.router.consumer)
         .await?;
