@@ -1,86 +1,15 @@
 //! `[bus]` TLS and logins against nats-servers that require them: certificates made with the
 //! `openssl` command and nkeys made for the test only.
 
-use std::path::Path;
-use std::process::Command;
-
 use agentloop_bus::{Bus, BusConfig, BusError};
 use agentloop_testkit::NatsServer;
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("the openssl command is needed to make test certificates");
-    assert!(status.success(), "openssl {args:?} failed");
-}
-
-/// A CA and a server certificate for 127.0.0.1 signed by it, in `dir`.
-fn make_certificates(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=agentloop test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.pem",
-        ],
-    );
-}
 
 #[tokio::test]
 async fn a_service_reaches_a_tls_only_server_with_the_configured_ca_and_login() {
     let dir = std::env::temp_dir().join(format!("agentloop-tls-{}", agentloop_bus::nuid()));
     std::fs::create_dir_all(&dir).unwrap();
-    make_certificates(&dir);
+    agentloop_testkit::certs::make_ca(&dir, "ca");
+    agentloop_testkit::certs::make_server_certificate(&dir);
     let conf = dir.join("tls.conf");
     std::fs::write(
         &conf,

@@ -82,7 +82,7 @@ async fn a_nul_in_a_session_key_is_an_invalid_request_not_an_outage() {
 }
 
 #[tokio::test]
-async fn a_run_command_with_a_nul_that_skips_the_router_is_dead_lettered_by_the_runner() {
+async fn a_run_command_with_a_nul_published_past_the_router_is_dead_lettered_by_the_runner() {
     let sandbox = Sandbox::start().await.unwrap();
     let mut dead = sandbox.subscribe("dlq.>").await;
     let session_id = uuid::Uuid::now_v7().to_string();

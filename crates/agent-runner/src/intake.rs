@@ -352,28 +352,25 @@ async fn take_in(shared: &Arc<Shared>, msg: jetstream::Message, command: RunComm
         }
     };
     if enqueued.queue_full {
+        // Nothing of this command was stored; a claim made with it is still this replica's,
+        // taken for the inputs already pending (the lease was free), so they are run below.
         crate::queue_full::refuse(shared, msg, &command, enqueued.inbox_max_pending).await;
-        // Nothing of this command was stored, but the claim is still this replica's: it was
-        // taken for the inputs already pending (the lease was free), so they are run.
-        if enqueued.claimed {
-            let first = enqueued
-                .taken
-                .map(|taken| (taken, request.history_after_seq));
-            start_owner(shared, &command.session_id, enqueued.epoch, first);
-        }
-        return;
+    } else {
+        // Acknowledged once the enqueue is on disk; meanwhile the run goes ahead.
+        let row = agentloop_proto::v1::InboxRow {
+            seq: enqueued.seq,
+            idempotency_key: command.idempotency_key.clone(),
+        };
+        let _ = shared.acks.send((msg, row));
     }
-    // Acknowledged once the enqueue is on disk; meanwhile the run goes ahead.
-    let row = agentloop_proto::v1::InboxRow {
-        seq: enqueued.seq,
-        idempotency_key: command.idempotency_key.clone(),
-    };
-    let _ = shared.acks.send((msg, row));
     if enqueued.claimed {
         let first = enqueued
             .taken
             .map(|taken| (taken, request.history_after_seq));
         start_owner(shared, &command.session_id, enqueued.epoch, first);
+        return;
+    }
+    if enqueued.queue_full {
         return;
     }
     if request.claim_owner.is_empty() {

@@ -3,6 +3,7 @@
 //! `wait_until` so tests never sleep-and-hope. For chaos tests: a private Postgres server that
 //! can be stopped and restarted, and services as real processes that can be killed.
 
+pub mod certs;
 mod cluster;
 mod postgres;
 mod process;

@@ -176,82 +176,14 @@ impl Drop for TempDir {
     }
 }
 
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let status = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("the openssl command is needed to make test certificates");
-    assert!(status.success(), "openssl {args:?} failed");
-}
-
-/// A self-signed CA named `<name>.pem` (key `<name>.key`) in `dir`.
-fn make_ca(dir: &std::path::Path, name: &str) {
-    let (key, pem) = (format!("{name}.key"), format!("{name}.pem"));
-    let subject = format!("/CN=agentloop test {name}");
-    openssl(
-        dir,
-        &[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", &subject,
-            "-keyout", &key, "-out", &pem,
-        ],
-    );
-}
-
-/// `server.pem` and `server.key` for localhost and 127.0.0.1, signed by the CA `ca`.
-fn make_server_certificate(dir: &std::path::Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-    )
-    .expect("the temp dir is writable");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.pem",
-        ],
-    );
-}
-
 #[sqlx::test(migrations = "./migrations")]
 async fn with_tls_only_a_client_trusting_the_ca_gets_through(pool: PgPool) {
     // Arrange: a CA, a server certificate it signed, a CA nobody signed with, and memory
     // serving TLS with that certificate.
     let dir = TempDir::new("agentloop-memory-tls");
-    make_ca(&dir.0, "ca");
-    make_ca(&dir.0, "stranger");
-    make_server_certificate(&dir.0);
+    agentloop_testkit::certs::make_ca(&dir.0, "ca");
+    agentloop_testkit::certs::make_ca(&dir.0, "stranger");
+    agentloop_testkit::certs::make_server_certificate(&dir.0);
     let server = Running::start_with(MemorySettings {
         database_url: url_of(&pool),
         tls_cert_file: dir.path("server.pem"),
