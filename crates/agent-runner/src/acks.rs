@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentloop_proto::v1::{FlushRequest, InboxRow};
 
-use crate::memory::{self, Memory};
+use crate::memory::MemoryClient;
 
 /// How long the first command of a batch waits for others before the flush: at most 20 flushes
 /// a second, and nobody waits for an ack.
@@ -24,13 +24,13 @@ const GATHER: Duration = Duration::from_millis(50);
 pub(crate) type AckSender = mpsc::UnboundedSender<(jetstream::Message, InboxRow)>;
 
 /// Starts the acknowledger; after `stop` it flushes and acknowledges what it holds, then ends.
-pub(crate) fn start(memory: Memory, stop: CancellationToken) -> (AckSender, JoinHandle<()>) {
+pub(crate) fn start(memory: MemoryClient, stop: CancellationToken) -> (AckSender, JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
     (tx, tokio::spawn(acknowledge(memory, rx, stop)))
 }
 
 async fn acknowledge(
-    memory: Memory,
+    memory: MemoryClient,
     mut rx: mpsc::UnboundedReceiver<(jetstream::Message, InboxRow)>,
     stop: CancellationToken,
 ) {
@@ -64,11 +64,11 @@ async fn acknowledge(
     }
 }
 
-async fn flush_and_ack(memory: &Memory, batch: &mut Vec<(jetstream::Message, InboxRow)>) {
+async fn flush_and_ack(memory: &MemoryClient, batch: &mut Vec<(jetstream::Message, InboxRow)>) {
     let request = FlushRequest {
         rows: batch.iter().map(|(_, row)| row.clone()).collect(),
     };
-    let flushed = memory::call(memory, "flush", &request, async |m, r| m.flush(r).await).await;
+    let flushed = memory.flush(&request).await;
     let durable: HashSet<(i64, String)> = match flushed {
         Ok(response) => response
             .durable

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use agentloop_bus::Bus;
 use agentloop_proto::v1::SystemEvent;
+use agentloop_proto::{EventPhase, EventStream};
 
 /// Emits the SystemEvents of one run, numbering them 1, 2, 3, ... (tools running in parallel
 /// share it, so numbering is atomic).
@@ -34,29 +35,29 @@ impl RunEvents {
         }
     }
 
-    fn event(&self, stream: &str, phase: &str) -> SystemEvent {
+    fn event(&self, stream: EventStream, phase: EventPhase) -> SystemEvent {
         SystemEvent {
             run_id: self.run_id.clone(),
             session_key: self.session_key.clone(),
             session_id: self.session_id.clone(),
             seq: self.seq.fetch_add(1, Ordering::SeqCst) + 1,
-            stream: stream.to_owned(),
-            phase: phase.to_owned(),
+            stream: stream.as_str().to_owned(),
+            phase: phase.as_str().to_owned(),
             ts: Some(agentloop_proto::now()),
             ..Default::default()
         }
     }
 
     /// Emits a lifecycle event (`start`, `end` or `error`) with JSON details.
-    pub(crate) async fn lifecycle(&self, phase: &str, data: serde_json::Value) {
-        let mut event = self.event("lifecycle", phase);
+    pub(crate) async fn lifecycle(&self, phase: EventPhase, data: serde_json::Value) {
+        let mut event = self.event(EventStream::Lifecycle, phase);
         event.data = data.to_string();
         self.bus.emit_event(&event).await;
     }
 
     /// Emits a piece of the assistant's answer.
     pub(crate) async fn delta(&self, text: &str) {
-        let mut event = self.event("assistant", "delta");
+        let mut event = self.event(EventStream::Assistant, EventPhase::Delta);
         event.delta = text.to_owned();
         self.bus.emit_event(&event).await;
     }
@@ -64,12 +65,12 @@ impl RunEvents {
     /// Emits a tool event (`start`, `update` or `result`).
     pub(crate) async fn tool(
         &self,
-        phase: &str,
+        phase: EventPhase,
         name: &str,
         call_id: &str,
         data: serde_json::Value,
     ) {
-        let mut event = self.event("tool", phase);
+        let mut event = self.event(EventStream::Tool, phase);
         event.tool_name = name.to_owned();
         event.tool_call_id = call_id.to_owned();
         event.data = data.to_string();
@@ -77,8 +78,8 @@ impl RunEvents {
     }
 
     /// Emits a compaction event (`start` or `end`).
-    pub(crate) async fn compaction(&self, phase: &str, data: serde_json::Value) {
-        let mut event = self.event("compaction", phase);
+    pub(crate) async fn compaction(&self, phase: EventPhase, data: serde_json::Value) {
+        let mut event = self.event(EventStream::Compaction, phase);
         event.data = data.to_string();
         self.bus.emit_event(&event).await;
     }

@@ -5,10 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use agentloop_proto::v1::{Entry, GetHistoryRequest};
-
-use crate::error::MemoryCallError;
-use crate::intake::Shared;
+use agentloop_proto::v1::Entry;
 
 /// A transcript entry as the runner holds it. Its text is shared with every conversation built
 /// from it: copying each history text into each run's conversation was 4–6 % of the runner's
@@ -65,50 +62,6 @@ impl Role {
 
 /// A session's window, oldest first.
 pub(crate) type Window = Arc<Vec<HistoryEntry>>;
-
-/// The seq to send as `history_after_seq` for a session.
-pub(crate) fn after_seq(shared: &Shared, session_id: &str) -> i64 {
-    shared
-        .histories
-        .lock()
-        .map_or(0, |cache| cache.after_seq(session_id))
-}
-
-/// The whole window for a run, from what memory sent along with its input.
-pub(crate) async fn window(
-    shared: &Arc<Shared>,
-    session_id: &str,
-    after_seq: i64,
-    fetched: Vec<Entry>,
-    delta: bool,
-) -> Result<Window, MemoryCallError> {
-    // Converted before the lock is taken: other sessions' runs wait on it.
-    let fetched = fetched.into_iter().map(HistoryEntry::from).collect();
-    let merged = shared
-        .histories
-        .lock()
-        .ok()
-        .and_then(|mut cache| cache.merge(session_id, after_seq, fetched, delta));
-    if let Some(entries) = merged {
-        return Ok(entries);
-    }
-    // The held copy moved on meanwhile (or the lock was poisoned): read the whole window.
-    let request = GetHistoryRequest {
-        session_id: session_id.to_owned(),
-        limit: shared.settings.history_limit,
-    };
-    let full = crate::memory::call(&shared.memory, "get_history", &request, async |m, r| {
-        m.get_history(r).await
-    })
-    .await?;
-    let full: Vec<HistoryEntry> = full.entries.into_iter().map(Into::into).collect();
-    let entries = shared
-        .histories
-        .lock()
-        .ok()
-        .and_then(|mut cache| cache.merge(session_id, 0, full.clone(), false));
-    Ok(entries.unwrap_or_else(|| Arc::new(full)))
-}
 
 /// Transcript windows by session id.
 pub(crate) struct HistoryCache {

@@ -19,9 +19,11 @@ mod memory;
 mod owner;
 mod prompt;
 mod queue_full;
-mod recovery;
+mod replica;
 mod retry;
 mod run;
+mod service;
+mod signals;
 mod tools;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
@@ -88,7 +90,7 @@ pub async fn serve(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), RunnerError> {
-    intake::serve(config, health, shutdown, Extensions::default()).await
+    service::serve(config, health, shutdown, Extensions::default()).await
 }
 
 /// Like [`serve`], with in-process tools and hooks.
@@ -101,5 +103,5 @@ pub async fn serve_with(
     shutdown: CancellationToken,
     extensions: Extensions,
 ) -> Result<(), RunnerError> {
-    intake::serve(config, health, shutdown, extensions).await
+    service::serve(config, health, shutdown, extensions).await
 }

@@ -1,52 +1,247 @@
-//! Calls to the memory service with the retry policy of the owner loop: transient failures are
-//! retried a few times with backoff (see [`Backoff::MEMORY`]), a lost lease or a refused request
-//! never is.
+//! The memory service as the runner calls it: one method per call, typed requests in and typed
+//! answers out. Calls the owner loop cannot do without are retried by one policy (transient
+//! failures with backoff, see [`Backoff::MEMORY`]; a lost lease or a refused request never);
+//! calls that are repeated anyway (lease renewal, the sweep, cooldown bookkeeping) are tried
+//! once and their caller decides.
 
-use std::future::Future;
-
+use agentloop_proto::InboxKind;
 use agentloop_proto::v1::session_service_client::SessionServiceClient;
+use agentloop_proto::v1::{
+    AppendEntriesRequest, ClaimSessionRequest, ClaimSessionResponse, EnqueueRequest,
+    EnqueueResponse, Entry, FinishRunRequest, FinishRunResponse, FlushRequest, FlushResponse,
+    GetCooldownsRequest, GetHistoryRequest, GetHistoryResponse, InboxItem, ListClaimableRequest,
+    ProfileCooldown, ReleaseSessionRequest, RenewLeaseRequest, ReportProfileFailureRequest,
+    ReportProfileSuccessRequest, TakeNextRequest, TakeNextResponse, TakeQueuedRequest,
+};
 use agentloop_telemetry::TracedChannel;
 
 use crate::error::MemoryCallError;
 use crate::retry::{Backoff, retry};
 
-/// The memory service's gRPC client.
-pub(crate) type Memory = SessionServiceClient<TracedChannel>;
+type Grpc = SessionServiceClient<TracedChannel>;
 
-/// Calls `call` until it succeeds, fails for good, or transient failures persist for ~5 s.
-pub(crate) async fn with_retry<T, F, Fut>(what: &str, mut call: F) -> Result<T, MemoryCallError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    retry(what, Backoff::MEMORY, MemoryCallError::is_transient, || {
-        let called = call();
-        async move {
-            called
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(MemoryCallError::from)
-        }
-    })
-    .await
+/// A handle on the memory service (cheap to clone: one HTTP/2 channel underneath).
+#[derive(Clone)]
+pub(crate) struct MemoryClient {
+    grpc: Grpc,
 }
 
-/// Sends `request` with `rpc` on a clone of `memory`, retried as [`with_retry`] does: the one
-/// place that clones the client and the request for each attempt.
-pub(crate) async fn call<Req, T>(
-    memory: &Memory,
-    what: &str,
-    request: &Req,
-    rpc: impl AsyncFn(&mut Memory, Req) -> Result<tonic::Response<T>, tonic::Status>,
-) -> Result<T, MemoryCallError>
-where
-    Req: Clone,
-{
-    let rpc = &rpc;
-    with_retry(what, || {
-        let mut memory = memory.clone();
-        let request = request.clone();
-        async move { rpc(&mut memory, request).await }
-    })
-    .await
+impl MemoryClient {
+    /// A client on `channel`.
+    pub(crate) fn new(channel: TracedChannel) -> Self {
+        Self {
+            grpc: SessionServiceClient::new(channel),
+        }
+    }
+
+    /// Sends `request` with `rpc` until it succeeds, fails for good or transient failures last
+    /// past the policy; the one place that clones the client and the request per attempt.
+    async fn retried<Req, T>(
+        &self,
+        what: &str,
+        request: &Req,
+        rpc: impl AsyncFn(&mut Grpc, Req) -> Result<tonic::Response<T>, tonic::Status>,
+    ) -> Result<T, MemoryCallError>
+    where
+        Req: Clone,
+    {
+        let rpc = &rpc;
+        retry(what, Backoff::MEMORY, MemoryCallError::is_transient, || {
+            let mut grpc = self.grpc.clone();
+            let request = request.clone();
+            async move {
+                rpc(&mut grpc, request)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(MemoryCallError::from)
+            }
+        })
+        .await
+    }
+
+    /// Sends `request` once.
+    async fn once<Req, T>(
+        &self,
+        request: Req,
+        rpc: impl AsyncFn(&mut Grpc, Req) -> Result<tonic::Response<T>, tonic::Status>,
+    ) -> Result<T, MemoryCallError> {
+        let mut grpc = self.grpc.clone();
+        rpc(&mut grpc, request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(MemoryCallError::from)
+    }
+
+    /// Stores an input in its session's inbox, claiming the session in the same call if asked.
+    pub(crate) async fn enqueue(
+        &self,
+        request: &EnqueueRequest,
+    ) -> Result<EnqueueResponse, MemoryCallError> {
+        self.retried("enqueue", request, async |m, r| m.enqueue(r).await)
+            .await
+    }
+
+    /// Confirms inbox rows are on disk; returns those that are.
+    pub(crate) async fn flush(
+        &self,
+        request: &FlushRequest,
+    ) -> Result<FlushResponse, MemoryCallError> {
+        self.retried("flush", request, async |m, r| m.flush(r).await)
+            .await
+    }
+
+    /// Tries to take the lease of a session found with pending input.
+    pub(crate) async fn claim(
+        &self,
+        request: &ClaimSessionRequest,
+    ) -> Result<ClaimSessionResponse, MemoryCallError> {
+        self.retried("claim", request, async |m, r| m.claim_session(r).await)
+            .await
+    }
+
+    /// Takes the session's next input (and its run and history) under the lease.
+    pub(crate) async fn take_next(
+        &self,
+        request: &TakeNextRequest,
+    ) -> Result<TakeNextResponse, MemoryCallError> {
+        self.retried("take_next", request, async |m, r| m.take_next(r).await)
+            .await
+    }
+
+    /// Takes the session's queued inputs of `kind` into the live run `run_id`.
+    pub(crate) async fn take_queued(
+        &self,
+        session_id: &str,
+        epoch: i64,
+        run_id: &str,
+        kind: InboxKind,
+    ) -> Result<Vec<InboxItem>, MemoryCallError> {
+        let request = TakeQueuedRequest {
+            session_id: session_id.to_owned(),
+            epoch,
+            run_id: run_id.to_owned(),
+            kinds: vec![kind.as_str().to_owned()],
+        };
+        let taken = self
+            .retried("take_queued", &request, async |m, r| m.take_queued(r).await)
+            .await?;
+        Ok(taken.items)
+    }
+
+    /// Writes transcript entries, fenced by the lease's epoch.
+    pub(crate) async fn append(
+        &self,
+        session_id: &str,
+        epoch: i64,
+        entries: Vec<Entry>,
+    ) -> Result<(), MemoryCallError> {
+        let request = AppendEntriesRequest {
+            session_id: session_id.to_owned(),
+            epoch,
+            entries,
+        };
+        self.retried("append_entries", &request, async |m, r| {
+            m.append_entries(r).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Finishes a run (and writes its last entries); the lease may go back with it.
+    pub(crate) async fn finish_run(
+        &self,
+        request: &FinishRunRequest,
+    ) -> Result<FinishRunResponse, MemoryCallError> {
+        self.retried("finish_run", request, async |m, r| m.finish_run(r).await)
+            .await
+    }
+
+    /// Gives the lease back if the inbox is empty; returns whether it went back.
+    pub(crate) async fn release(
+        &self,
+        session_id: &str,
+        epoch: i64,
+    ) -> Result<bool, MemoryCallError> {
+        let request = ReleaseSessionRequest {
+            session_id: session_id.to_owned(),
+            epoch,
+        };
+        self.retried("release", &request, async |m, r| m.release_session(r).await)
+            .await
+            .map(|response| response.released)
+    }
+
+    /// Renews the lease for `ttl_ms` once; `false` when it is no longer this epoch's. The
+    /// renewer calls it again well before the lease runs out, so a failure is not retried here.
+    pub(crate) async fn renew(
+        &self,
+        session_id: &str,
+        epoch: i64,
+        ttl_ms: u32,
+    ) -> Result<bool, MemoryCallError> {
+        let request = RenewLeaseRequest {
+            session_id: session_id.to_owned(),
+            epoch,
+            ttl_ms,
+        };
+        self.once(request, async |m, r| m.renew_lease(r).await)
+            .await
+            .map(|response| response.ok)
+    }
+
+    /// The session's newest `limit` transcript entries.
+    pub(crate) async fn history(
+        &self,
+        session_id: &str,
+        limit: u32,
+    ) -> Result<GetHistoryResponse, MemoryCallError> {
+        let request = GetHistoryRequest {
+            session_id: session_id.to_owned(),
+            limit,
+        };
+        self.retried("get_history", &request, async |m, r| m.get_history(r).await)
+            .await
+    }
+
+    /// Sessions with pending input and no live lease (asked once: the next sweep asks again).
+    pub(crate) async fn list_claimable(&self, limit: u32) -> Result<Vec<String>, MemoryCallError> {
+        self.once(ListClaimableRequest { limit }, async |m, r| {
+            m.list_claimable(r).await
+        })
+        .await
+        .map(|response| response.session_ids)
+    }
+
+    /// Auth profiles of `provider` cooling down now.
+    pub(crate) async fn cooldowns(&self, provider: &str) -> Result<Vec<String>, MemoryCallError> {
+        let request = GetCooldownsRequest {
+            provider: provider.to_owned(),
+        };
+        self.once(request, async |m, r| m.get_cooldowns(r).await)
+            .await
+            .map(|response| response.cooldowns.into_iter().map(|c| c.profile).collect())
+    }
+
+    /// Records a failure of an auth profile (it cools down, longer each time).
+    pub(crate) async fn profile_failed(
+        &self,
+        request: ReportProfileFailureRequest,
+    ) -> Result<ProfileCooldown, MemoryCallError> {
+        self.once(request, async |m, r| m.report_profile_failure(r).await)
+            .await
+    }
+
+    /// Records a success of an auth profile (its failures are forgotten).
+    pub(crate) async fn profile_succeeded(&self, provider: &str, profile: &str) {
+        let request = ReportProfileSuccessRequest {
+            provider: provider.to_owned(),
+            profile: profile.to_owned(),
+        };
+        if let Err(err) = self
+            .once(request, async |m, r| m.report_profile_success(r).await)
+            .await
+        {
+            tracing::debug!(error = %err, "could not record the profile's success");
+        }
+    }
 }

@@ -6,53 +6,46 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_proto::v1::{
-    ReleaseSessionRequest, RenewLeaseRequest, TakeNextRequest, TakeNextResponse,
-};
+use agentloop_proto::v1::{TakeNextRequest, TakeNextResponse};
 
-use crate::control::SessionSignals;
 use crate::error::MemoryCallError;
-use crate::intake::Shared;
+use crate::replica::Replica;
 use crate::retry::Backoff;
 use crate::run;
+use crate::signals::SessionSignals;
 
 /// Runs the session's inputs while this replica holds the lease of `epoch`.
 pub(crate) async fn own(
-    shared: Arc<Shared>,
+    replica: Arc<Replica>,
     session_id: String,
     epoch: i64,
+    signals: Arc<SessionSignals>,
     first: Option<(TakeNextResponse, i64)>,
 ) {
     let span = tracing::info_span!("own", session_id = %session_id, epoch);
     async {
-        let signals = shared
-            .owned
-            .lock()
-            .ok()
-            .and_then(|owned| owned.get(&session_id).cloned())
-            .unwrap_or_default();
         let lease_lost = CancellationToken::new();
         let renewer = tokio::spawn(renew(
-            shared.clone(),
+            replica.clone(),
             session_id.clone(),
             epoch,
             lease_lost.clone(),
         ));
-        owner_loop(&shared, &session_id, epoch, &lease_lost, &signals, first).await;
+        owner_loop(&replica, &session_id, epoch, &lease_lost, &signals, first).await;
         renewer.abort();
-        if shared.abandon.is_cancelled() && !lease_lost.is_cancelled() {
+        if replica.abandon.is_cancelled() && !lease_lost.is_cancelled() {
             // The drain time ran out mid-run: what the run persisted stays, and the next owner
             // resumes from there, so the lease goes back now instead of when it expires.
-            hand_back(&shared, &session_id, epoch).await;
+            hand_back(&replica, &session_id, epoch).await;
         }
-        forget(&shared, &session_id, &signals);
+        replica.forget(&session_id, &signals);
     }
     .instrument(span)
     .await;
 }
 
 async fn owner_loop(
-    shared: &Arc<Shared>,
+    replica: &Arc<Replica>,
     session_id: &str,
     epoch: i64,
     lease_lost: &CancellationToken,
@@ -66,12 +59,12 @@ async fn owner_loop(
             tracing::warn!("lease lost, giving the session up");
             return;
         }
-        if shared.stopping.is_cancelled() {
+        if replica.stopping.is_cancelled() {
             // Hand back what is left: release succeeds only with an empty inbox; otherwise the
             // lease is made to expire now, so another replica's sweeper takes the session at
             // its next sweep rather than after a whole lease TTL.
-            if release(shared, session_id, epoch).await != Some(true) {
-                hand_back(shared, session_id, epoch).await;
+            if release(replica, session_id, epoch).await != Some(true) {
+                hand_back(replica, session_id, epoch).await;
             }
             return;
         }
@@ -79,43 +72,33 @@ async fn owner_loop(
         let (taken, after_seq) = match first.take() {
             Some((taken, after_seq)) => (Ok(taken), after_seq),
             None => {
-                let after_seq = crate::history::after_seq(shared, session_id);
+                let after_seq = replica.after_seq(session_id);
                 let request = TakeNextRequest {
                     session_id: session_id.to_owned(),
                     epoch,
-                    owner: shared.owner_id.clone(),
+                    owner: replica.owner_id.clone(),
                     // The context comes with the input: one call instead of two.
-                    history_limit: shared.settings.history_limit,
+                    history_limit: replica.settings.history_limit,
                     history_after_seq: after_seq,
                 };
-                let taken =
-                    crate::memory::call(&shared.memory, "take_next", &request, async |m, r| {
-                        m.take_next(r).await
-                    })
-                    .await;
-                (taken, after_seq)
+                (replica.memory.take_next(&request).await, after_seq)
             }
         };
         match taken {
             Ok(next) => match (next.item, next.run) {
                 (Some(item), Some(run)) => {
-                    let Ok(_slot) = shared.run_slots.acquire().await else {
+                    let Ok(_slot) = replica.run_slots.acquire().await else {
                         return;
                     };
-                    let history = match crate::history::window(
-                        shared,
-                        session_id,
-                        after_seq,
-                        next.history,
-                        next.history_is_delta,
-                    )
-                    .await
+                    let history = match replica
+                        .window(session_id, after_seq, next.history, next.history_is_delta)
+                        .await
                     {
                         Ok(history) => history,
                         Err(err) => {
                             tracing::warn!(error = %err, "cannot read the session's history");
                             if !pause(&mut failures).await {
-                                give_back(shared, session_id, epoch).await;
+                                give_back(replica, session_id, epoch).await;
                                 return;
                             }
                             continue;
@@ -124,7 +107,7 @@ async fn owner_loop(
                     // Boxed: a run's future is large, and held inline it made this task's
                     // future large too, copied whole when the task is spawned (once per claim).
                     let run = Box::pin(run::execute(
-                        shared,
+                        replica,
                         run::Owner {
                             session_id,
                             epoch,
@@ -141,7 +124,7 @@ async fn owner_loop(
                         // half-done) and its session resumes on another replica, instead of
                         // being answered as aborted.
                         biased;
-                        () = shared.abandon.cancelled() => return,
+                        () = replica.abandon.cancelled() => return,
                         executed = run => executed,
                     };
                     match executed {
@@ -162,14 +145,14 @@ async fn owner_loop(
                                 reason,
                                 "run could not be finished, giving the session back"
                             );
-                            hand_back(shared, session_id, epoch).await;
+                            hand_back(replica, session_id, epoch).await;
                             return;
                         }
                         Err(err) => {
                             // The next take retries the run (one more attempt, capped).
                             tracing::warn!(error = %err, "run could not be recorded");
                             if !pause(&mut failures).await {
-                                give_back(shared, session_id, epoch).await;
+                                give_back(replica, session_id, epoch).await;
                                 return;
                             }
                         }
@@ -178,14 +161,10 @@ async fn owner_loop(
                 _ => {
                     // Empty inbox. Leave the owned set first so new input claims or wakes
                     // correctly; a release refused because input just arrived takes it back.
-                    forget(shared, session_id, signals);
-                    match release(shared, session_id, epoch).await {
+                    replica.forget(session_id, signals);
+                    match release(replica, session_id, epoch).await {
                         Some(true) => return,
-                        Some(false) | None => {
-                            if let Ok(mut owned) = shared.owned.lock() {
-                                owned.insert(session_id.to_owned(), signals.clone());
-                            }
-                        }
+                        Some(false) | None => replica.keep(session_id, signals),
                     }
                 }
             },
@@ -196,7 +175,7 @@ async fn owner_loop(
             Err(err) => {
                 tracing::warn!(error = %err, "cannot take the next input");
                 if !pause(&mut failures).await {
-                    give_back(shared, session_id, epoch).await;
+                    give_back(replica, session_id, epoch).await;
                     return;
                 }
             }
@@ -219,23 +198,15 @@ async fn pause(failures: &mut u32) -> bool {
 
 /// Gives up a session this owner cannot make progress on: the lease expires now, so any
 /// replica's sweeper (this one's included) claims it again later, not this loop at once.
-async fn give_back(shared: &Arc<Shared>, session_id: &str, epoch: i64) {
+async fn give_back(replica: &Arc<Replica>, session_id: &str, epoch: i64) {
     tracing::error!("memory keeps failing, giving the session back");
-    hand_back(shared, session_id, epoch).await;
+    hand_back(replica, session_id, epoch).await;
 }
 
 /// Returns whether the lease was given back (`None` when memory could not be asked).
-async fn release(shared: &Arc<Shared>, session_id: &str, epoch: i64) -> Option<bool> {
-    let request = ReleaseSessionRequest {
-        session_id: session_id.to_owned(),
-        epoch,
-    };
-    let released = crate::memory::call(&shared.memory, "release", &request, async |m, r| {
-        m.release_session(r).await
-    })
-    .await;
-    match released {
-        Ok(response) => Some(response.released),
+async fn release(replica: &Arc<Replica>, session_id: &str, epoch: i64) -> Option<bool> {
+    match replica.memory.release(session_id, epoch).await {
+        Ok(released) => Some(released),
         Err(MemoryCallError::LeaseLost(_)) => Some(true),
         Err(err) => {
             tracing::warn!(error = %err, "release failed");
@@ -246,60 +217,37 @@ async fn release(shared: &Arc<Shared>, session_id: &str, epoch: i64) -> Option<b
 
 /// Lets the lease expire at once (its epoch stays, so a write still in flight is not refused,
 /// but any replica may claim the session from now on).
-async fn hand_back(shared: &Arc<Shared>, session_id: &str, epoch: i64) {
-    let mut memory = shared.memory.clone();
+async fn hand_back(replica: &Arc<Replica>, session_id: &str, epoch: i64) {
     // The shortest lease memory grants: one millisecond.
-    let handed = memory
-        .renew_lease(RenewLeaseRequest {
-            session_id: session_id.to_owned(),
-            epoch,
-            ttl_ms: 1,
-        })
-        .await;
-    match handed {
+    match replica.memory.renew(session_id, epoch, 1).await {
         Ok(_) => tracing::info!("lease handed back"),
-        Err(status) => {
-            tracing::warn!(error = %status.message(), "hand-back failed; the lease expires by itself");
+        Err(err) => {
+            tracing::warn!(error = %err, "hand-back failed; the lease expires by itself");
         }
     }
 }
 
-async fn renew(shared: Arc<Shared>, session_id: String, epoch: i64, lease_lost: CancellationToken) {
-    let ttl = shared.settings.lease_ttl_ms.max(30);
-    let every = Duration::from_millis(ttl / 3);
+async fn renew(
+    replica: Arc<Replica>,
+    session_id: String,
+    epoch: i64,
+    lease_lost: CancellationToken,
+) {
+    let ttl = replica.lease_ttl_ms().max(30);
+    let every = Duration::from_millis(u64::from(ttl / 3));
     loop {
         tokio::time::sleep(every).await;
-        let mut memory = shared.memory.clone();
-        let renewed = memory
-            .renew_lease(RenewLeaseRequest {
-                session_id: session_id.clone(),
-                epoch,
-                ttl_ms: u32::try_from(ttl).unwrap_or(u32::MAX),
-            })
-            .await;
-        match renewed {
-            Ok(response) if response.get_ref().ok => {}
-            Ok(_) => {
+        match replica.memory.renew(&session_id, epoch, ttl).await {
+            Ok(true) => {}
+            Ok(false) => {
                 lease_lost.cancel();
                 return;
             }
-            Err(status) => {
+            Err(err) => {
                 // One failed renewal is not a lost lease; the next tick tries again well before
                 // the lease runs out.
-                tracing::warn!(error = %status.message(), "lease renewal failed");
+                tracing::warn!(error = %err, "lease renewal failed");
             }
         }
-    }
-}
-
-/// Removes this owner's entry from the owned set, unless a newer owner of the session on this
-/// replica already replaced it.
-pub(crate) fn forget(shared: &Shared, session_id: &str, signals: &Arc<SessionSignals>) {
-    if let Ok(mut owned) = shared.owned.lock()
-        && owned
-            .get(session_id)
-            .is_some_and(|current| Arc::ptr_eq(current, signals))
-    {
-        owned.remove(session_id);
     }
 }

@@ -3,15 +3,14 @@
 //! without an answer. The session itself keeps working; once its inbox drains it takes new
 //! input again.
 
-use std::sync::Arc;
-
 use async_nats::jetstream;
 use serde_json::json;
 
 use agentloop_proto::v1::{OutboundMessage, RunCommand};
+use agentloop_proto::{EventPhase, RunMessage, run_msg_id};
 
 use crate::events::RunEvents;
-use crate::intake::Shared;
+use crate::replica::{Replica, reject};
 use crate::retry::{Backoff, retry};
 
 /// The prefix of the dead-letter reason, for operators filtering the dead-letter stream.
@@ -41,7 +40,7 @@ pub(crate) fn dead_letter_reason(session_id: &str, cap: u64) -> String {
 /// Answers the user with the error (and ends the would-be run's event stream, so a gateway
 /// caller following events is answered at once), then dead-letters and acks the command.
 pub(crate) async fn refuse(
-    shared: &Arc<Shared>,
+    replica: &Replica,
     msg: jetstream::Message,
     command: &RunCommand,
     cap: u64,
@@ -51,14 +50,17 @@ pub(crate) async fn refuse(
     let run_id = agentloop_proto::run_id(&command.session_id, &command.idempotency_key);
     let error = user_error(cap);
     let events = RunEvents::new(
-        shared.bus.clone(),
+        replica.bus.clone(),
         &run_id,
         &command.session_id,
         &command.session_key,
-        shared.settings.tool_event_max_bytes,
+        replica.settings.tool_event_max_bytes,
     );
     events
-        .lifecycle("error", json!({ "reason": "queue_full", "error": error }))
+        .lifecycle(
+            EventPhase::Error,
+            json!({ "reason": "queue_full", "error": error }),
+        )
         .await;
     let message = OutboundMessage {
         run_id: run_id.clone(),
@@ -75,16 +77,16 @@ pub(crate) async fn refuse(
         metadata: Default::default(),
         ts: Some(agentloop_proto::now()),
     };
-    let subject = shared.bus.subjects().outbound(&command.channel);
+    let subject = replica.bus.subjects().outbound(&command.channel);
     // Its own id: a redelivery refused again is deduplicated by the stream, and it never
     // collides with a reply of a run of the same key accepted later.
-    let msg_id = format!("{run_id}:queue-full");
+    let msg_id = run_msg_id(&run_id, RunMessage::QueueFull);
     let published = retry(
         "publish_queue_full",
         Backoff::PUBLISH,
         |_| true,
         || {
-            shared
+            replica
                 .bus
                 .publish_durable(subject.clone(), &message, Some(&msg_id))
         },
@@ -93,12 +95,7 @@ pub(crate) async fn refuse(
     if let Err(err) = published {
         tracing::error!(error = %agentloop_bus::error_chain(&err), "could not tell the user the session's inbox is full");
     }
-    crate::intake::reject(
-        &shared.bus,
-        &msg,
-        &dead_letter_reason(&command.session_id, cap),
-    )
-    .await;
+    reject(replica, &msg, &dead_letter_reason(&command.session_id, cap)).await;
 }
 
 #[cfg(test)]

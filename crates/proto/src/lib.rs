@@ -3,14 +3,18 @@
 //! applies to what it receives. No I/O.
 
 mod codec;
+mod ids;
+mod kinds;
 mod run_id;
 mod validate;
 
 pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
-pub use run_id::run_id;
-pub use validate::{
-    Field, QueueMode, ValidationError, refuse_nul, validate_inbound, validate_run_command,
+pub use ids::{EntryKey, RunMessage, entry_key, inbound_msg_id, run_command_msg_id, run_msg_id};
+pub use kinds::{
+    ControlAction, EventPhase, EventStream, InboxKind, QueueMode, RunStatus, UnknownWord,
 };
+pub use run_id::run_id;
+pub use validate::{Field, ValidationError, refuse_nul, validate_inbound, validate_run_command};
 
 /// Generated protobuf messages and the SessionService gRPC client and server.
 #[allow(clippy::all, missing_docs, clippy::unwrap_used)]

@@ -7,44 +7,20 @@ pub const MAX_SESSION_KEY_LEN: usize = 512;
 /// Longest accepted message text, in bytes.
 pub const MAX_TEXT_LEN: usize = 256 * 1024;
 
-/// What to do with a message that arrives while its session is running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum QueueMode {
-    /// Inject at the next safe point of the live run.
-    Steer,
-    /// Run after the live run ends.
-    #[default]
-    Followup,
-    /// Merge queued messages into one follow-up.
-    Collect,
-    /// Abort the live run, then run this message.
-    Interrupt,
-}
+use crate::kinds::QueueMode;
 
 impl QueueMode {
-    /// Parses the lowercase word of DESIGN.md; an empty string is `None`.
+    /// Parses an optional mode: an empty string is `None` (the session's or agent's default).
     ///
     /// # Errors
-    /// [`ValidationError::QueueMode`] for any other word.
+    /// [`ValidationError::QueueMode`] for any word that is not a mode.
     pub fn parse(word: &str) -> Result<Option<Self>, ValidationError> {
-        match word {
-            "" => Ok(None),
-            "steer" => Ok(Some(QueueMode::Steer)),
-            "followup" => Ok(Some(QueueMode::Followup)),
-            "collect" => Ok(Some(QueueMode::Collect)),
-            "interrupt" => Ok(Some(QueueMode::Interrupt)),
-            other => Err(ValidationError::QueueMode(other.to_owned())),
+        if word.is_empty() {
+            return Ok(None);
         }
-    }
-
-    /// Returns the lowercase word for this mode.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QueueMode::Steer => "steer",
-            QueueMode::Followup => "followup",
-            QueueMode::Collect => "collect",
-            QueueMode::Interrupt => "interrupt",
-        }
+        word.parse()
+            .map(Some)
+            .map_err(|_| ValidationError::QueueMode(word.to_owned()))
     }
 }
 

@@ -3,13 +3,12 @@
 //! attempts. The input is dead-lettered with the reason, the user gets a clear error, and the
 //! run is finished without the refused entries so the session answers its next message.
 
-use serde_json::json;
-
 use agentloop_proto::v1::InboxItem;
+use agentloop_proto::{RunMessage, RunStatus};
 
-use super::{Owner, RunCtx, finish};
+use super::{Owner, RunCtx, RunState, finish};
 use crate::error::MemoryCallError;
-use crate::intake::SERVICE;
+use crate::replica::SERVICE;
 use crate::retry::{Backoff, retry};
 
 /// Attempts after which a run that keeps failing is set aside instead of tried again; a crash
@@ -59,18 +58,19 @@ impl RunCtx<'_> {
     pub(super) async fn set_aside(
         &self,
         owner: Owner<'_>,
+        state: &mut RunState,
         item: &InboxItem,
         why: Why,
     ) -> Result<bool, MemoryCallError> {
         tracing::error!(reason = %why, seq = item.seq, "setting the input aside");
-        let subject = self.shared.bus.subjects().run(self.session_id);
+        let subject = self.replica.bus.subjects().run(self.session_id);
         let reason = format!("run {}: {why}", self.run.id);
         let kept = retry(
             "dead_letter",
             Backoff::PUBLISH,
             |_| true,
             || {
-                self.shared.bus.dead_letter(
+                self.replica.bus.dead_letter(
                     SERVICE,
                     &subject,
                     None,
@@ -86,18 +86,15 @@ impl RunCtx<'_> {
         }
         // Calls already stored get their synthetic results, so the next run's prompt pairs
         // every call with a result; the refused entries themselves are dropped.
-        if let Err(err) = self.close_open_calls("error").await {
+        if let Err(err) = self.close_open_calls(state, RunStatus::Error).await {
             tracing::warn!(error = %err, "could not close the run's open tool calls");
         }
-        let outcome = self.cut("error", why.public());
+        let outcome = self.outcome(state, RunStatus::Error, String::new(), why.public());
         // A reply may have gone out before the write was refused: this one must not be
         // dropped as its duplicate.
-        self.reply_as(&outcome, "set-aside").await;
-        let released = finish(self.shared, owner, self.run, item, &outcome, Vec::new()).await?;
-        self.shared.metrics.runs_failed.inc();
-        self.events
-            .lifecycle("error", json!({ "reason": outcome.status, "error": outcome.error, "model": outcome.model, "turns": outcome.turns, "setAside": true }))
-            .await;
+        self.reply_as(&outcome, RunMessage::SetAside).await;
+        let released = finish(self.replica, owner, self.run, item, &outcome, Vec::new()).await?;
+        self.ended(&outcome, true).await;
         Ok(released)
     }
 }

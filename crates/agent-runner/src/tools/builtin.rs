@@ -4,7 +4,8 @@ use futures::future::BoxFuture;
 use serde_json::json;
 
 use agentloop_model::ToolSpec;
-use agentloop_proto::v1::{GetHistoryRequest, OutboundMessage};
+use agentloop_proto::v1::OutboundMessage;
+use agentloop_proto::{RunMessage, run_msg_id};
 
 use super::{SentMessage, Tool, ToolContext, ToolError};
 
@@ -69,20 +70,16 @@ impl Tool for SessionHistory {
         arguments: serde_json::Value,
     ) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
-            let runtime = ctx
-                .runtime
+            let services = ctx
+                .services
                 .as_ref()
                 .ok_or_else(|| ToolError("no runtime".into()))?;
             let limit = arguments["limit"].as_u64().unwrap_or(20).clamp(1, 200) as u32;
-            let mut memory = runtime.memory.clone();
-            let history = memory
-                .get_history(GetHistoryRequest {
-                    session_id: ctx.session_id.clone(),
-                    limit,
-                })
+            let history = services
+                .memory
+                .history(&ctx.session_id, limit)
                 .await
-                .map_err(|s| ToolError(format!("history unavailable: {}", s.message())))?
-                .into_inner();
+                .map_err(|err| ToolError(format!("history unavailable: {err}")))?;
             let entries: Vec<_> = history
                 .entries
                 .iter()
@@ -120,8 +117,8 @@ impl Tool for SendMessage {
         arguments: serde_json::Value,
     ) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
-            let runtime = ctx
-                .runtime
+            let services = ctx
+                .services
                 .as_ref()
                 .ok_or_else(|| ToolError("no runtime".into()))?;
             let text = arguments["text"]
@@ -149,11 +146,11 @@ impl Tool for SendMessage {
                 ..Default::default()
             };
             // Keyed by the call, so a resumed run that repeats the call does not send twice.
-            let msg_id = format!("{}:send:{}", ctx.run_id, ctx.call_id);
-            runtime
+            let msg_id = run_msg_id(&ctx.run_id, RunMessage::Sent(&ctx.call_id));
+            services
                 .bus
                 .publish_durable(
-                    runtime.bus.subjects().outbound(&channel),
+                    services.bus.subjects().outbound(&channel),
                     &message,
                     Some(&msg_id),
                 )
@@ -161,9 +158,11 @@ impl Tool for SendMessage {
                 .map_err(|e| {
                     ToolError(format!("send failed: {}", agentloop_bus::error_chain(&e)))
                 })?;
-            if let Some(sends) = &ctx.sends
-                && let Ok(mut sends) = sends.lock()
-            {
+            if let Some(sends) = &ctx.sends {
+                // A poisoned list is still a list: a panic elsewhere must not lose this send.
+                let mut sends = sends
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 sends.push(SentMessage {
                     channel: channel.clone(),
                     recipient,

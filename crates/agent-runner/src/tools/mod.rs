@@ -29,8 +29,15 @@ pub struct ToolContext {
     pub channel: String,
     /// Who sent the run's input.
     pub sender_id: String,
-    pub(crate) runtime: Option<Arc<crate::intake::Shared>>,
+    pub(crate) services: Option<ToolServices>,
     pub(crate) sends: Option<Arc<std::sync::Mutex<Vec<SentMessage>>>>,
+}
+
+/// What the built-in tools reach of the runner: the bus and the memory service, no more.
+#[derive(Clone)]
+pub(crate) struct ToolServices {
+    pub(crate) bus: agentloop_bus::Bus,
+    pub(crate) memory: crate::memory::MemoryClient,
 }
 
 /// A message sent by the `send_message` tool during a run.

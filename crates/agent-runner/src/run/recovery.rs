@@ -10,15 +10,14 @@ use serde_json::json;
 
 use agentloop_model::{
     ChatMessage, ChatRequest, Credential, ErrorKind, ModelError, ModelRef, StreamEvent, ToolCall,
-    ToolSpec, redact_secrets,
+    ToolSpec, Usage, redact_secrets,
 };
-use agentloop_proto::v1::{
-    Entry, GetCooldownsRequest, ReportProfileFailureRequest, ReportProfileSuccessRequest,
-};
+use agentloop_proto::v1::{Entry, ReportProfileFailureRequest};
+use agentloop_proto::{EntryKey, EventPhase};
 
+use super::{RunCtx, RunState};
 use crate::error::MemoryCallError;
 use crate::prompt;
-use crate::run::RunCtx;
 
 /// At most this many compactions per run.
 const MAX_COMPACTIONS: u32 = 3;
@@ -29,21 +28,21 @@ const MAX_COMPACTIONS: u32 = 3;
 const BURST_YIELDS: usize = 3;
 
 /// What the model answered, and who answered it.
-pub(crate) struct Answer {
-    pub(crate) text: String,
-    pub(crate) calls: Vec<ToolCall>,
+pub(super) struct Answer {
+    pub(super) text: String,
+    pub(super) calls: Vec<ToolCall>,
 }
 
 /// Who answered a run's last model turn.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct AnsweredBy {
-    pub(crate) model: String,
-    pub(crate) provider: String,
-    pub(crate) profile: String,
+pub(super) struct AnsweredBy {
+    pub(super) model: String,
+    pub(super) provider: String,
+    pub(super) profile: String,
 }
 
 /// The conversation a turn sends, with the part before this run that compaction may replace.
-pub(crate) struct Context<'m> {
+pub(super) struct Context<'m> {
     pub(crate) messages: &'m mut Vec<ChatMessage>,
     /// Messages before this run's input: what a compaction summarizes.
     pub(crate) prior: usize,
@@ -73,11 +72,12 @@ fn lower(level: Option<String>) -> Option<String> {
 
 impl RunCtx<'_> {
     /// Calls the model with the recovery chain and streams deltas of the successful attempt.
-    pub(crate) async fn answer(
+    pub(super) async fn answer(
         &self,
+        state: &mut RunState,
         cx: &mut Context<'_>,
     ) -> Result<Result<Answer, String>, MemoryCallError> {
-        let config = &self.shared.models_config;
+        let config = &self.replica.models_config;
         let mut chain = vec![self.model_name.clone()];
         for fallback in &config.fallbacks {
             if !chain.contains(fallback) {
@@ -123,20 +123,18 @@ impl RunCtx<'_> {
                     thinking: thinking.clone(),
                     credential: profile.credential.clone(),
                 };
-                let streamed = self.stream_turn(&request).await;
+                let streamed = self.stream_turn(&request, &mut state.usage).await;
                 *cx.messages = std::mem::take(&mut request.messages);
                 let err = match streamed {
                     Ok(answer) => {
                         if profile.tracked {
                             self.profile_succeeded(&provider, &profile.name).await;
                         }
-                        if let Ok(mut by) = self.answered.lock() {
-                            *by = AnsweredBy {
-                                model: model_name.clone(),
-                                provider: provider.clone(),
-                                profile: profile.name.clone(),
-                            };
-                        }
+                        state.answered = AnsweredBy {
+                            model: model_name.clone(),
+                            provider: provider.clone(),
+                            profile: profile.name.clone(),
+                        };
                         return Ok(Ok(answer));
                     }
                     Err(err) => err,
@@ -152,7 +150,7 @@ impl RunCtx<'_> {
                 match err.kind() {
                     ErrorKind::ContextOverflow if cx.compactions < MAX_COMPACTIONS => {
                         cx.compactions += 1;
-                        if !self.compact(cx, &request).await? {
+                        if !self.compact(state, cx, &request).await? {
                             failures
                                 .push(format!("{model_name}: {text} (nothing left to compact)"));
                             break;
@@ -183,7 +181,7 @@ impl RunCtx<'_> {
     /// The provider's profiles in configured order, without those cooling down.
     async fn usable_profiles(&self, provider: &str) -> Vec<Profile> {
         let configured: Vec<Profile> = self
-            .shared
+            .replica
             .models_config
             .profiles
             .iter()
@@ -204,22 +202,11 @@ impl RunCtx<'_> {
                 tracked: false,
             }];
         }
-        let mut memory = self.shared.memory.clone();
-        let cooling: HashSet<String> = match memory
-            .get_cooldowns(GetCooldownsRequest {
-                provider: provider.to_owned(),
-            })
-            .await
-        {
-            Ok(response) => response
-                .into_inner()
-                .cooldowns
-                .into_iter()
-                .map(|c| c.profile)
-                .collect(),
-            Err(status) => {
+        let cooling: HashSet<String> = match self.replica.memory.cooldowns(provider).await {
+            Ok(profiles) => profiles.into_iter().collect(),
+            Err(err) => {
                 // Without the shared view, trying every profile is better than trying none.
-                tracing::warn!(error = %status.message(), "cooldowns unavailable, trying every profile");
+                tracing::warn!(error = %err, "cooldowns unavailable, trying every profile");
                 HashSet::new()
             }
         };
@@ -230,10 +217,11 @@ impl RunCtx<'_> {
     }
 
     async fn profile_failed(&self, provider: &str, profile: &str, error: &str) {
-        let config = &self.shared.models_config;
-        let mut memory = self.shared.memory.clone();
-        let reported = memory
-            .report_profile_failure(ReportProfileFailureRequest {
+        let config = &self.replica.models_config;
+        let reported = self
+            .replica
+            .memory
+            .profile_failed(ReportProfileFailureRequest {
                 provider: provider.to_owned(),
                 profile: profile.to_owned(),
                 error: error.to_owned(),
@@ -243,7 +231,6 @@ impl RunCtx<'_> {
             .await;
         match reported {
             Ok(cooldown) => {
-                let cooldown = cooldown.into_inner();
                 tracing::warn!(
                     provider,
                     profile,
@@ -251,26 +238,27 @@ impl RunCtx<'_> {
                     "auth profile put in cooldown"
                 );
             }
-            Err(status) => {
-                tracing::warn!(error = %status.message(), "could not record the profile's cooldown")
+            Err(err) => {
+                tracing::warn!(error = %err, "could not record the profile's cooldown")
             }
         }
     }
 
     async fn profile_succeeded(&self, provider: &str, profile: &str) {
-        let mut memory = self.shared.memory.clone();
-        let _ = memory
-            .report_profile_success(ReportProfileSuccessRequest {
-                provider: provider.to_owned(),
-                profile: profile.to_owned(),
-            })
+        self.replica
+            .memory
+            .profile_succeeded(provider, profile)
             .await;
     }
 
     /// One streamed model call: emits deltas, returns the text and the tool calls.
-    async fn stream_turn(&self, request: &ChatRequest) -> Result<Answer, ModelError> {
-        let _permit = self.shared.model_slots.acquire().await;
-        let mut stream = self.shared.models.stream(request).await?;
+    async fn stream_turn(
+        &self,
+        request: &ChatRequest,
+        usage: &mut Usage,
+    ) -> Result<Answer, ModelError> {
+        let _permit = self.replica.model_slots.acquire().await;
+        let mut stream = self.replica.models.stream(request).await?;
         let mut text = String::new();
         let mut calls = Vec::new();
         // What ended a burst, handled after the burst's delta went out (an error included, so
@@ -320,11 +308,9 @@ impl RunCtx<'_> {
                     text.push_str(&delta);
                 }
                 StreamEvent::ToolCall(call) => calls.push(call),
-                StreamEvent::Done { usage, .. } => {
-                    if let Ok(mut total) = self.usage.lock() {
-                        total.input_tokens += usage.input_tokens;
-                        total.output_tokens += usage.output_tokens;
-                    }
+                StreamEvent::Done { usage: used, .. } => {
+                    usage.input_tokens += used.input_tokens;
+                    usage.output_tokens += used.output_tokens;
                 }
             }
         }
@@ -335,6 +321,7 @@ impl RunCtx<'_> {
     /// later runs start from it. Returns false when there is nothing before this run to compact.
     async fn compact(
         &self,
+        state: &mut RunState,
         cx: &mut Context<'_>,
         failed: &ChatRequest,
     ) -> Result<bool, MemoryCallError> {
@@ -343,7 +330,10 @@ impl RunCtx<'_> {
             return Ok(false);
         }
         self.events
-            .compaction("start", json!({ "attempt": attempt, "messages": cx.prior }))
+            .compaction(
+                EventPhase::Start,
+                json!({ "attempt": attempt, "messages": cx.prior }),
+            )
             .await;
         let transcript = render(&cx.messages[..cx.prior]);
         let request = ChatRequest {
@@ -359,12 +349,10 @@ impl RunCtx<'_> {
             thinking: None,
             credential: failed.credential.clone(),
         };
-        let summary = match self.shared.models.complete(&request).await {
+        let summary = match self.replica.models.complete(&request).await {
             Ok(response) if !response.text.trim().is_empty() => {
-                if let Ok(mut total) = self.usage.lock() {
-                    total.input_tokens += response.usage.input_tokens;
-                    total.output_tokens += response.usage.output_tokens;
-                }
+                state.usage.input_tokens += response.usage.input_tokens;
+                state.usage.output_tokens += response.usage.output_tokens;
                 response.text
             }
             Ok(_) | Err(_) => {
@@ -373,21 +361,24 @@ impl RunCtx<'_> {
                 mechanical_summary(&cx.messages[..cx.prior])
             }
         };
-        self.append(vec![Entry {
-            key: self.key(&format!("compact:{attempt}")),
-            role: "summary".to_owned(),
-            content: summary.clone(),
-            run_id: self.run.id.clone(),
-            data: json!({ "throughSeq": cx.prior_through_seq }).to_string(),
-            ..Default::default()
-        }])
+        self.append(
+            state,
+            vec![Entry {
+                key: self.key(EntryKey::Compaction(attempt)),
+                role: "summary".to_owned(),
+                content: summary.clone(),
+                run_id: self.run.id.clone(),
+                data: json!({ "throughSeq": cx.prior_through_seq }).to_string(),
+                ..Default::default()
+            }],
+        )
         .await?;
         let replaced = cx.prior;
         cx.messages
             .splice(..cx.prior, [prompt::summary_message(&summary)]);
         cx.prior = 1;
         self.events
-            .compaction("end", json!({ "attempt": attempt, "replacedMessages": replaced, "summaryChars": summary.len() }))
+            .compaction(EventPhase::End, json!({ "attempt": attempt, "replacedMessages": replaced, "summaryChars": summary.len() }))
             .await;
         Ok(true)
     }

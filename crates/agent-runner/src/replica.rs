@@ -1,0 +1,221 @@
+//! What every task of one runner replica shares: its connections, its configuration, the
+//! sessions it owns and the transcript windows it holds. Built once at start (`service.rs`);
+//! runs, owners and intake borrow it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::Semaphore;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use agentloop_bus::Bus;
+use agentloop_lifecycle::Counter;
+use agentloop_model::{ModelClient, ModelsConfig};
+use agentloop_proto::v1::Entry;
+
+use crate::acks::AckSender;
+use crate::error::MemoryCallError;
+use crate::history::{HistoryCache, HistoryEntry, Window};
+use crate::hooks::Hooks;
+use crate::memory::MemoryClient;
+use crate::signals::SessionSignals;
+use crate::tools::{Tool, ToolSets, remote::RemoteTools};
+use crate::{AgentConfig, RunnerSettings};
+
+/// The service's name in logs, dead letters and NATS users.
+pub(crate) const SERVICE: &str = "runner";
+
+/// What every task of this replica shares.
+pub(crate) struct Replica {
+    pub(crate) bus: Bus,
+    pub(crate) memory: MemoryClient,
+    pub(crate) models: ModelClient,
+    /// Profiles, fallbacks, thinking level and context windows for the recovery chain.
+    pub(crate) models_config: ModelsConfig,
+    pub(crate) settings: RunnerSettings,
+    pub(crate) owner_id: String,
+    /// Sessions this replica holds the lease of, with the signals of their live run.
+    owned: Mutex<HashMap<String, Arc<SessionSignals>>>,
+    /// Agents by id; shared with each run rather than copied into it (instructions run long).
+    pub(crate) agents: BTreeMap<String, Arc<AgentConfig>>,
+    /// Built-in and in-process tools.
+    pub(crate) local_tools: Vec<Arc<dyn Tool>>,
+    /// Tools served by other processes.
+    pub(crate) remote_tools: RemoteTools,
+    /// Each agent's tool set, with the remote tools' generation it was built at.
+    pub(crate) toolsets: ToolSets,
+    pub(crate) hooks: Hooks,
+    pub(crate) run_slots: Semaphore,
+    pub(crate) model_slots: Semaphore,
+    pub(crate) tracker: TaskTracker,
+    /// Cancelled on shutdown: owners stop taking new inputs.
+    pub(crate) stopping: CancellationToken,
+    /// Cancelled when the drain time is over: owners drop their run unfinished and hand the
+    /// session back, so another replica resumes it from its last persisted step.
+    pub(crate) abandon: CancellationToken,
+    pub(crate) metrics: Metrics,
+    /// Acknowledges run commands once their inbox rows are on disk.
+    pub(crate) acks: AckSender,
+    /// The transcript windows of recent sessions.
+    histories: Mutex<HistoryCache>,
+}
+
+/// The runner's counters.
+pub(crate) struct Metrics {
+    pub(crate) runs_completed: Counter,
+    pub(crate) runs_failed: Counter,
+    pub(crate) claims: Counter,
+    pub(crate) dead_letters: Counter,
+}
+
+/// The parts of a replica made before it (connections, counters, extensions).
+pub(crate) struct Parts {
+    pub(crate) bus: Bus,
+    pub(crate) memory: MemoryClient,
+    pub(crate) models: ModelClient,
+    pub(crate) owner_id: String,
+    pub(crate) local_tools: Vec<Arc<dyn Tool>>,
+    pub(crate) hooks: Hooks,
+    pub(crate) metrics: Metrics,
+    pub(crate) acks: AckSender,
+}
+
+/// Locks `mutex`, also after a panic elsewhere: the maps it guards are left consistent by
+/// every holder (single inserts and removes), so their content stays valid.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Replica {
+    /// A replica of `config` on `parts`.
+    pub(crate) fn new(config: &crate::RunnerConfig, parts: Parts) -> Self {
+        Self {
+            bus: parts.bus,
+            memory: parts.memory,
+            models: parts.models,
+            models_config: config.models.clone(),
+            settings: config.runner.clone(),
+            owner_id: parts.owner_id,
+            owned: Mutex::new(HashMap::new()),
+            agents: config
+                .agents
+                .iter()
+                .map(|(id, agent)| (id.clone(), Arc::new(agent.clone())))
+                .collect(),
+            local_tools: parts.local_tools,
+            remote_tools: RemoteTools::default(),
+            toolsets: ToolSets::default(),
+            hooks: parts.hooks,
+            run_slots: Semaphore::new(config.runner.max_concurrent_runs.max(1)),
+            model_slots: Semaphore::new(config.runner.max_concurrent_model_calls.max(1)),
+            tracker: TaskTracker::new(),
+            stopping: CancellationToken::new(),
+            abandon: CancellationToken::new(),
+            metrics: parts.metrics,
+            acks: parts.acks,
+            histories: Mutex::new(HistoryCache::new(
+                config.runner.history_cache_entries,
+                config.runner.history_limit,
+            )),
+        }
+    }
+
+    /// The model a run uses when its command names none.
+    pub(crate) fn default_model(&self) -> &str {
+        &self.models_config.default_model
+    }
+
+    /// The lease length asked for on every claim and renewal.
+    pub(crate) fn lease_ttl_ms(&self) -> u32 {
+        u32::try_from(self.settings.lease_ttl_ms).unwrap_or(u32::MAX)
+    }
+
+    /// Records that this replica now owns `session_id`, with fresh signals. A previous owner task
+    /// of this replica may still be exiting: it only ever removes the entry that is its own.
+    pub(crate) fn adopt(&self, session_id: &str) -> Arc<SessionSignals> {
+        let signals = Arc::new(SessionSignals::default());
+        lock(&self.owned).insert(session_id.to_owned(), signals.clone());
+        signals
+    }
+
+    /// Puts `signals` back as the session's owner entry unless a newer owner took its place.
+    pub(crate) fn keep(&self, session_id: &str, signals: &Arc<SessionSignals>) {
+        lock(&self.owned)
+            .entry(session_id.to_owned())
+            .or_insert_with(|| signals.clone());
+    }
+
+    /// Removes this owner's entry from the owned set, unless a newer owner of the session on
+    /// this replica already replaced it.
+    pub(crate) fn forget(&self, session_id: &str, signals: &Arc<SessionSignals>) {
+        let mut owned = lock(&self.owned);
+        if owned
+            .get(session_id)
+            .is_some_and(|current| Arc::ptr_eq(current, signals))
+        {
+            owned.remove(session_id);
+        }
+    }
+
+    /// The signals of the session's owner when it runs on this replica.
+    pub(crate) fn signals_of(&self, session_id: &str) -> Option<Arc<SessionSignals>> {
+        lock(&self.owned).get(session_id).cloned()
+    }
+
+    /// The seq to send as `history_after_seq` for a session.
+    pub(crate) fn after_seq(&self, session_id: &str) -> i64 {
+        lock(&self.histories).after_seq(session_id)
+    }
+
+    /// The whole window for a run, from what memory sent along with its input.
+    pub(crate) async fn window(
+        &self,
+        session_id: &str,
+        after_seq: i64,
+        fetched: Vec<Entry>,
+        delta: bool,
+    ) -> Result<Window, MemoryCallError> {
+        // Converted before the lock is taken: other sessions' runs wait on it.
+        let fetched = fetched.into_iter().map(HistoryEntry::from).collect();
+        let merged = lock(&self.histories).merge(session_id, after_seq, fetched, delta);
+        if let Some(entries) = merged {
+            return Ok(entries);
+        }
+        // The held copy moved on meanwhile: read the whole window.
+        let full = self
+            .memory
+            .history(session_id, self.settings.history_limit)
+            .await?;
+        let full: Vec<HistoryEntry> = full.entries.into_iter().map(Into::into).collect();
+        let entries = lock(&self.histories).merge(session_id, 0, full.clone(), false);
+        Ok(entries.unwrap_or_else(|| Arc::new(full)))
+    }
+}
+
+/// Dead-letters a command with the reason and acks it; naks it when the dead-letter failed.
+pub(crate) async fn reject(replica: &Replica, msg: &async_nats::jetstream::Message, reason: &str) {
+    replica.metrics.dead_letters.inc();
+    let kept = replica
+        .bus
+        .dead_letter(
+            SERVICE,
+            &msg.subject,
+            msg.headers.as_ref(),
+            msg.payload.clone(),
+            reason,
+        )
+        .await;
+    match kept {
+        Ok(()) => {
+            let _ = msg.ack().await;
+        }
+        Err(err) => {
+            tracing::error!(error = %agentloop_bus::error_chain(&err), "failed to dead-letter, will retry");
+            let _ = msg
+                .ack_with(async_nats::jetstream::AckKind::Nak(Some(
+                    std::time::Duration::from_secs(1),
+                )))
+                .await;
+        }
+    }
+}

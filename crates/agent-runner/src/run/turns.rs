@@ -1,0 +1,214 @@
+//! The inner loop of a run: build the context, then alternate model answers and tool batches
+//! until the model answers without calls and no steering waits, or the turn budget is spent.
+
+use serde_json::json;
+
+use agentloop_model::ChatMessage;
+use agentloop_proto::v1::{Entry, InboxItem, RunCommand};
+use agentloop_proto::{EntryKey, InboxKind, RunStatus};
+
+use super::batch::{SafePoint, ToolOutcome, toolset};
+use super::recovery::Context;
+use super::resume::{self, Input};
+use super::{Outcome, RunCtx, RunState, agent_id};
+use crate::error::MemoryCallError;
+use crate::history::Window;
+use crate::hooks::HookPoint;
+use crate::prompt;
+
+/// Builds the context, then turns model answers and tool batches until a final answer.
+pub(super) async fn converse(
+    ctx: &RunCtx<'_>,
+    state: &mut RunState,
+    item: &InboxItem,
+    history: Window,
+) -> Result<Outcome, MemoryCallError> {
+    let replica = ctx.replica;
+    // Collected messages queued behind this one are merged into the same turn.
+    let mut inputs = vec![Input {
+        key: ctx.key(EntryKey::Input),
+        text: ctx.command.text.clone(),
+    }];
+    if item.kind.parse() == Ok(InboxKind::Collect) {
+        for (seq, command) in ctx.take_queued(InboxKind::Collect).await? {
+            inputs.push(Input {
+                key: ctx.key(EntryKey::Collected(seq)),
+                text: command.text,
+            });
+        }
+    }
+    // The history came with the input; a resumed run finds its own steps in it already.
+    let start = resume::start(&history, &ctx.run.id, inputs);
+    state.unwritten.extend(
+        start
+            .unwritten
+            .iter()
+            .map(|input| ctx.user_entry(input.key.clone(), &input.text)),
+    );
+    let mut messages = start.messages;
+    let mut prior = start.prior;
+    let mut compactions = 0;
+    let mut turn = start.turns_done;
+    state.turns = turn;
+
+    let tools = toolset(ctx);
+    let specs = tools.specs().clone();
+
+    if !start.unanswered.is_empty() {
+        tracing::info!(
+            calls = start.unanswered.len(),
+            "resuming: running the tool calls the previous attempt did not finish"
+        );
+        let (outcomes, steering) = ctx.run_batch(&tools, start.unanswered).await?;
+        persist_batch(ctx, state, turn, &outcomes, &steering, &mut messages).await?;
+    }
+
+    let command = ctx.command;
+    let begin = replica
+        .hooks
+        .run(HookPoint::BeforeAgentStart, json!({ "sessionKey": command.session_key, "runId": ctx.run.id, "agentId": command.agent_id, "text": command.text }))
+        .await;
+    replica
+        .hooks
+        .run(HookPoint::MessageReceived, json!({ "sessionKey": command.session_key, "runId": ctx.run.id, "channel": command.channel, "senderId": command.sender_id, "text": command.text }))
+        .await;
+    let instructions = if ctx.agent.instructions.is_empty() {
+        replica.settings.system_prompt.as_str()
+    } else {
+        ctx.agent.instructions.as_str()
+    };
+    let system = begin.system_prompt.unwrap_or_else(|| {
+        prompt::system_prompt(&prompt::PromptParts {
+            agent_id: agent_id(command),
+            identity: &ctx.agent.identity,
+            instructions,
+            tools: &specs,
+            session_key: &command.session_key,
+            channel: &command.channel,
+            extra_context: begin.context.as_deref(),
+        })
+    });
+    let budget = ctx
+        .agent
+        .context_window_tokens
+        .saturating_sub(ctx.agent.reserve_tokens)
+        .max(1);
+    let max_turns = if ctx.agent.max_turns > 0 {
+        ctx.agent.max_turns
+    } else {
+        replica.settings.max_turns
+    };
+    let mut last_text = String::new();
+    loop {
+        if turn >= max_turns {
+            let text = if last_text.trim().is_empty() {
+                format!("I stopped after {max_turns} model turns without reaching an answer.")
+            } else {
+                last_text
+            };
+            return Ok(ctx.outcome(
+                state,
+                RunStatus::MaxTurns,
+                text,
+                format!("the turn budget of {max_turns} was used up"),
+            ));
+        }
+        turn += 1;
+        state.turns = turn;
+        let dropped = prompt::fit(&mut messages, &system, &specs, budget);
+        prior = prior.saturating_sub(dropped);
+        let mut cx = Context {
+            messages: &mut messages,
+            prior,
+            prior_through_seq: start.prior_through_seq,
+            system: &system,
+            tools: &specs,
+            compactions,
+        };
+        let answer = ctx.answer(state, &mut cx).await?;
+        prior = cx.prior;
+        compactions = cx.compactions;
+        let (text, calls) = match answer {
+            Ok(answer) => (answer.text, answer.calls),
+            Err(error) => return Ok(ctx.outcome(state, RunStatus::Error, String::new(), error)),
+        };
+        if !text.is_empty() {
+            last_text = text.clone();
+        }
+        let assistant = Entry {
+            key: ctx.key(EntryKey::Answer(turn)),
+            role: "assistant".to_owned(),
+            content: text.clone(),
+            run_id: ctx.run.id.clone(),
+            data: if calls.is_empty() {
+                String::new()
+            } else {
+                json!({ "toolCalls": calls }).to_string()
+            },
+            ..Default::default()
+        };
+        messages.push(ChatMessage::Assistant {
+            content: text.as_str().into(),
+            tool_calls: calls.clone(),
+        });
+        if calls.is_empty() {
+            let steering = ctx.steering(SafePoint::AfterAnswer).await?;
+            if steering.is_empty() {
+                state.last = Some(assistant);
+                return Ok(ctx.outcome(state, RunStatus::Completed, text, String::new()));
+            }
+            // Steering that arrived during the answer continues the run.
+            let mut entries = vec![assistant];
+            for (seq, command) in &steering {
+                entries.push(ctx.user_entry(ctx.key(EntryKey::Steering(*seq)), &command.text));
+                messages.push(ChatMessage::user(command.text.clone()));
+            }
+            ctx.append(state, entries).await?;
+            continue;
+        }
+        // The calls are persisted before they run, so a crash resumes them instead of asking again.
+        ctx.append(state, vec![assistant]).await?;
+        state.open_calls = calls.iter().map(|c| (turn, c.clone())).collect();
+        let (outcomes, mut steering) = ctx.run_batch(&tools, calls).await?;
+        if steering.is_empty() {
+            steering = ctx.steering(SafePoint::AfterBatch).await?;
+        }
+        persist_batch(ctx, state, turn, &outcomes, &steering, &mut messages).await?;
+    }
+}
+
+/// Stores a batch's results (and steering taken during it), then adds them to the context.
+async fn persist_batch(
+    ctx: &RunCtx<'_>,
+    state: &mut RunState,
+    turn: u32,
+    outcomes: &[ToolOutcome],
+    steering: &[(i64, RunCommand)],
+    messages: &mut Vec<ChatMessage>,
+) -> Result<(), MemoryCallError> {
+    let mut entries = Vec::with_capacity(outcomes.len() + steering.len());
+    for outcome in outcomes {
+        entries.push(Entry {
+            key: ctx.key(EntryKey::ToolResult(turn, &outcome.call.id)),
+            role: "tool".to_owned(),
+            content: outcome.stored.clone(),
+            run_id: ctx.run.id.clone(),
+            tool_call_id: outcome.call.id.clone(),
+            tool_name: outcome.call.name.clone(),
+            data: json!({ "isError": outcome.is_error }).to_string(),
+            ..Default::default()
+        });
+        messages.push(ChatMessage::tool_result(
+            outcome.call.id.clone(),
+            outcome.content.clone(),
+            outcome.is_error,
+        ));
+    }
+    for (seq, command) in steering {
+        entries.push(ctx.user_entry(ctx.key(EntryKey::Steering(*seq)), &command.text));
+        messages.push(ChatMessage::user(command.text.clone()));
+    }
+    ctx.append(state, entries).await?;
+    state.open_calls.clear();
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! The runner as a service: connect, build the replica, consume run commands until shutdown,
+//! then drain.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use agentloop_bus::{Bus, InOrder, StreamKind, error_chain};
+use agentloop_lifecycle::Health;
+use agentloop_model::ModelClient;
+use agentloop_proto::v1::RunCommand;
+
+use crate::admission::Admission;
+use crate::hooks::Hooks;
+use crate::memory::MemoryClient;
+use crate::replica::{Metrics, Parts, Replica, SERVICE, reject};
+use crate::tools::{CurrentTime, SendMessage, SessionHistory, Tool, remote::Admit};
+use crate::{Extensions, RunnerConfig, RunnerError, control, intake};
+
+/// Runs sessions until `shutdown`, reporting readiness into `health`.
+pub(crate) async fn serve(
+    config: RunnerConfig,
+    health: Health,
+    shutdown: CancellationToken,
+    extensions: Extensions,
+) -> Result<(), RunnerError> {
+    let ready = health.component(SERVICE);
+    let models = ModelClient::new(&config.models)?;
+    let channel = config
+        .memory
+        .channel()
+        .map_err(|source| RunnerError::MemoryUrl {
+            url: config.memory.url.clone(),
+            source,
+        })?;
+    let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
+        return Ok(());
+    };
+    let mut messages = bus
+        .deliveries(StreamKind::Runs, &config.runner.consumer)
+        .await?;
+    // Ready means work arrives: not while the consumer's pull is down (a leader election).
+    let consumer_ready = health.component(&format!("{SERVICE} consumer"));
+    messages.report_flow(move |flowing| consumer_ready.set(flowing));
+    let memory = MemoryClient::new(channel);
+    let ack_stop = CancellationToken::new();
+    let (acks, acker) = crate::acks::start(memory.clone(), ack_stop.clone());
+    let mut local_tools: Vec<Arc<dyn Tool>> = vec![
+        Arc::new(CurrentTime),
+        Arc::new(SessionHistory),
+        Arc::new(SendMessage),
+    ];
+    local_tools.extend(extensions.tools);
+    let replica = Arc::new(Replica::new(
+        &config,
+        Parts {
+            hooks: Hooks::new(extensions.hooks, &config.runner.hooks, bus.client()),
+            bus: bus.clone(),
+            memory,
+            models,
+            owner_id: owner_id(&config),
+            local_tools,
+            metrics: metrics(&health),
+            acks,
+        },
+    ));
+    let intake_replica = replica.clone();
+    let mut intake = InOrder::new(
+        config.runner.intake_concurrency,
+        move |(msg, command): (jetstream::Message, RunCommand)| {
+            let replica = intake_replica.clone();
+            async move {
+                let span = tracing::info_span!("intake", session_id = %command.session_id, session_key = %command.session_key);
+                agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
+                intake::take_in(&replica, msg, command)
+                    .instrument(span)
+                    .await;
+            }
+        },
+    );
+    let sweeper = tokio::spawn(intake::sweep(replica.clone()));
+    let controls = control::listen(replica.clone()).await?;
+    let admission = Admission::new(&config);
+    let discovered = replica
+        .remote_tools
+        .discover(
+            &bus,
+            Duration::from_millis(config.runner.tool_timeout_ms),
+            Admit::new(&replica.local_tools, &config.runner.remote_tools_allow),
+        )
+        .await;
+    if let Err(err) = discovered {
+        tracing::warn!(error = %err, "remote tool discovery unavailable");
+    }
+    ready.set(true);
+    tracing::info!(owner = %replica.owner_id, prefix = %config.bus.prefix, "runner consuming run commands");
+    loop {
+        let msg = tokio::select! {
+            () = shutdown.cancelled() => break,
+            msg = messages.next() => msg,
+        };
+        let command = match agentloop_bus::decode::<RunCommand>(&msg) {
+            Ok((command, _)) if command.session_id.is_empty() => {
+                reject(&replica, &msg, "run command has no session_id").await;
+                continue;
+            }
+            Ok((command, _)) if let Err(refusal) = admission.check(&command) => {
+                reject(&replica, &msg, &refusal.to_string()).await;
+                continue;
+            }
+            Ok((command, _)) => command,
+            Err(err) => {
+                reject(&replica, &msg, &error_chain(&err)).await;
+                continue;
+            }
+        };
+        let session_id = command.session_id.clone();
+        // Waiting for a free slot must not hold up a stop: a command dropped here is not
+        // acknowledged, so JetStream hands it to a replica again.
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = intake.push(&session_id, (msg, command)) => {}
+        }
+    }
+    // Graceful stop: no new commands (unacked ones return to other replicas), owners finish the
+    // run they are in and hand their sessions back; past the drain time runs are cut.
+    // Stopping first: commands already taken go into their inboxes and are acked, but this
+    // replica claims none of them; the other replicas' sweepers do.
+    ready.set(false);
+    replica.stopping.cancel();
+    drop(messages);
+    intake.finish().await;
+    // Intake is over, so nothing more is handed to the acknowledger: it flushes and acks the rest.
+    ack_stop.cancel();
+    let _ = acker.await;
+    sweeper.abort();
+    controls.abort();
+    replica.tracker.close();
+    let drain = Duration::from_millis(replica.settings.drain_timeout_ms);
+    if tokio::time::timeout(drain, replica.tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drain_ms = drain.as_millis() as u64,
+            "drain time over, cutting runs in flight"
+        );
+        replica.abandon.cancel();
+        replica.tracker.wait().await;
+    }
+    Ok(())
+}
+
+fn metrics(health: &Health) -> Metrics {
+    Metrics {
+        runs_completed: health.counter(
+            "agentloop_runner_runs_completed_total",
+            "Runs that ended with a final answer.",
+        ),
+        runs_failed: health.counter(
+            "agentloop_runner_runs_failed_total",
+            "Runs that ended with an error, timeout or abort.",
+        ),
+        claims: health.counter(
+            "agentloop_runner_session_claims_total",
+            "Session leases taken by this replica.",
+        ),
+        dead_letters: health.counter(
+            "agentloop_runner_dead_letters_total",
+            "Run commands dead-lettered.",
+        ),
+    }
+}
+
+/// `runner.owner_id`, or one unique to this process.
+fn owner_id(config: &RunnerConfig) -> String {
+    if !config.runner.owner_id.is_empty() {
+        return config.runner.owner_id.clone();
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "runner".to_owned());
+    let suffix = agentloop_bus::nuid();
+    format!(
+        "{host}-{}-{}",
+        std::process::id(),
+        &suffix[suffix.len() - 6..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_ids_differ_between_replicas_of_one_host() {
+        let config = RunnerConfig::default();
+        assert_ne!(owner_id(&config), owner_id(&config));
+    }
+}

@@ -1,0 +1,115 @@
+//! Every id the services derive from another: stream message ids (`Nats-Msg-Id`, which makes a
+//! retried publish a duplicate the stream drops) and transcript entry keys (which make a
+//! repeated write a no-op). Written here once, so two services never spell one id two ways.
+
+use std::fmt;
+
+/// The message id of an InboundMessage: one per (session key, idempotency key).
+pub fn inbound_msg_id(session_key: &str, idempotency_key: &str) -> String {
+    format!("{session_key}:{idempotency_key}")
+}
+
+/// The message id of a RunCommand: one per (session, idempotency key).
+pub fn run_command_msg_id(session_id: &str, idempotency_key: &str) -> String {
+    format!("{session_id}:{idempotency_key}")
+}
+
+/// A message a run publishes on the outbound stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMessage<'a> {
+    /// The run's final reply.
+    Final,
+    /// The error reply of a run whose input was set aside (a final reply may already be out).
+    SetAside,
+    /// The refusal of an input its session's full inbox could not take.
+    QueueFull,
+    /// A message the `send_message` tool sent, by tool call id.
+    Sent(&'a str),
+    /// Delivery's copy of the final reply on the deliver subject (`true` if it carries no error).
+    Delivered(bool),
+}
+
+/// The message id of what run `run_id` publishes.
+pub fn run_msg_id(run_id: &str, message: RunMessage<'_>) -> String {
+    match message {
+        RunMessage::Final => format!("{run_id}:final"),
+        RunMessage::SetAside => format!("{run_id}:set-aside"),
+        RunMessage::QueueFull => format!("{run_id}:queue-full"),
+        RunMessage::Sent(call_id) => format!("{run_id}:send:{call_id}"),
+        RunMessage::Delivered(ok) => format!("{run_id}:deliver:{ok}"),
+    }
+}
+
+/// A transcript entry a run writes; its key is unique per run, so a resumed attempt that writes
+/// it again changes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKey<'a> {
+    /// The run's own input.
+    Input,
+    /// A collected input merged into the run, by inbox seq.
+    Collected(i64),
+    /// A steering input injected mid-run, by inbox seq.
+    Steering(i64),
+    /// The model's answer of a turn.
+    Answer(u32),
+    /// A tool call's result, by turn and call id.
+    ToolResult(u32, &'a str),
+    /// The summary of a compaction, by attempt.
+    Compaction(u32),
+}
+
+/// The key of an entry of run `run_id`.
+pub fn entry_key(run_id: &str, entry: EntryKey<'_>) -> String {
+    format!("{run_id}:{entry}")
+}
+
+impl fmt::Display for EntryKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryKey::Input => f.write_str("user"),
+            EntryKey::Collected(seq) => write!(f, "user:{seq}"),
+            EntryKey::Steering(seq) => write!(f, "s:{seq}"),
+            EntryKey::Answer(turn) => write!(f, "t{turn}:a"),
+            EntryKey::ToolResult(turn, call_id) => write!(f, "t{turn}:r:{call_id}"),
+            EntryKey::Compaction(attempt) => write!(f, "compact:{attempt}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_keys_keep_the_spelling_stored_transcripts_have() {
+        // Resumed runs find their own entries by these keys: changing one re-runs work.
+        let cases = [
+            (EntryKey::Input, "r:user"),
+            (EntryKey::Collected(7), "r:user:7"),
+            (EntryKey::Steering(8), "r:s:8"),
+            (EntryKey::Answer(2), "r:t2:a"),
+            (EntryKey::ToolResult(2, "c1"), "r:t2:r:c1"),
+            (EntryKey::Compaction(1), "r:compact:1"),
+        ];
+        for (key, expected) in cases {
+            assert_eq!(entry_key("r", key), expected);
+        }
+    }
+
+    #[test]
+    fn message_ids_differ_per_kind_of_message() {
+        let ids = [
+            run_msg_id("r", RunMessage::Final),
+            run_msg_id("r", RunMessage::SetAside),
+            run_msg_id("r", RunMessage::QueueFull),
+            run_msg_id("r", RunMessage::Sent("c1")),
+            run_msg_id("r", RunMessage::Delivered(true)),
+            run_msg_id("r", RunMessage::Delivered(false)),
+        ];
+        let unique: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len());
+        assert_eq!(ids[0], "r:final");
+        assert_eq!(inbound_msg_id("cli:a", "k"), "cli:a:k");
+        assert_eq!(run_command_msg_id("s", "k"), "s:k");
+    }
+}
