@@ -112,6 +112,21 @@ impl Subjects {
         format!("{}.deliver.{}.{}", self.prefix, token(channel), session_id)
     }
 
+    /// `<prefix>.tool.<name>`: calls of a remote tool (request/reply, queue group per tool).
+    pub fn tool(&self, name: &str) -> String {
+        format!("{}.tool.{}", self.prefix, name)
+    }
+
+    /// `<prefix>.tool._discover`: runners ask every tool server to announce its tools.
+    pub fn tool_discover(&self) -> String {
+        format!("{}.tool._discover", self.prefix)
+    }
+
+    /// `<prefix>.tool._announce`: tool servers announce their tools here.
+    pub fn tool_announce(&self) -> String {
+        format!("{}.tool._announce", self.prefix)
+    }
+
     /// `<prefix>.reply.<id>`: a private subject for one request/reply caller.
     pub fn reply(&self, id: &str) -> String {
         format!("{}.reply.{}", self.prefix, id)

@@ -5,7 +5,7 @@ mod builtin;
 pub(crate) mod remote;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -142,16 +142,15 @@ impl ToolSets {
         generation: u64,
         build: impl FnOnce() -> ToolSet,
     ) -> Arc<ToolSet> {
-        if let Ok(built) = self.built.lock()
-            && let Some((at, set)) = built.get(key)
+        // Single inserts leave the map whole, so a panic elsewhere does not spoil it.
+        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, set)) = built.get(key)
             && *at == generation
         {
             return set.clone();
         }
         let set = Arc::new(build());
-        if let Ok(mut built) = self.built.lock() {
-            built.insert(key.to_owned(), (generation, set.clone()));
-        }
+        built.insert(key.to_owned(), (generation, set.clone()));
         set
     }
 }

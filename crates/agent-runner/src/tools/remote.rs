@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -55,10 +55,8 @@ impl RemoteTools {
 
     /// Returns the remote tools known now.
     pub(crate) fn tools(&self) -> Vec<Arc<dyn Tool>> {
-        self.known
-            .read()
-            .map(|known| known.values().cloned().collect())
-            .unwrap_or_default()
+        let known = self.known.read().unwrap_or_else(PoisonError::into_inner);
+        known.values().cloned().collect()
     }
 
     /// Listens for announcements and asks servers already running to announce themselves;
@@ -69,11 +67,8 @@ impl RemoteTools {
         default_timeout: Duration,
         admit: Admit,
     ) -> Result<(), async_nats::SubscribeError> {
-        let prefix = bus.subjects().prefix().to_owned();
-        let mut announcements = bus
-            .client()
-            .subscribe(format!("{prefix}.tool._announce"))
-            .await?;
+        let subjects = bus.subjects().clone();
+        let mut announcements = bus.client().subscribe(subjects.tool_announce()).await?;
         let known = self.known.clone();
         let generation = self.generation.clone();
         let client = bus.client().clone();
@@ -94,7 +89,7 @@ impl RemoteTools {
                     tracing::warn!(tool = %announcement.name, reason = %why, "ignoring a remote tool");
                     continue;
                 }
-                let subject = format!("{prefix}.tool.{}", announcement.name);
+                let subject = subjects.tool(&announcement.name);
                 let tool = RemoteTool {
                     client: client.clone(),
                     subject,
@@ -103,16 +98,15 @@ impl RemoteTools {
                         .map_or(default_timeout, Duration::from_millis),
                     announcement: announcement.clone(),
                 };
-                if let Ok(mut known) = known.write() {
-                    if !known.contains_key(&announcement.name) {
-                        tracing::info!(tool = %announcement.name, "remote tool discovered");
-                    }
-                    known.insert(announcement.name.clone(), Arc::new(tool));
-                    generation.fetch_add(1, Ordering::Release);
+                let mut known = known.write().unwrap_or_else(PoisonError::into_inner);
+                if !known.contains_key(&announcement.name) {
+                    tracing::info!(tool = %announcement.name, "remote tool discovered");
                 }
+                known.insert(announcement.name.clone(), Arc::new(tool));
+                generation.fetch_add(1, Ordering::Release);
             }
         });
-        let discover = format!("{}.tool._discover", bus.subjects().prefix());
+        let discover = bus.subjects().tool_discover();
         let _ = bus.client().publish(discover, "{}".into()).await;
         Ok(())
     }
