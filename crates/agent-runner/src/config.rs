@@ -73,7 +73,7 @@ pub struct AgentConfig {
     /// Model turns per run; 0 uses `runner.max_turns`.
     pub max_turns: u32,
     /// Queue mode when neither the message nor the session sets one.
-    pub queue_mode: String,
+    pub queue_mode: agentloop_proto::QueueMode,
     /// The model's context window, in tokens.
     pub context_window_tokens: usize,
     /// Tokens kept free for the answer.
@@ -91,7 +91,7 @@ impl Default for AgentConfig {
             tools_allow: vec!["*".to_owned()],
             tools_deny: Vec::new(),
             max_turns: 0,
-            queue_mode: "followup".to_owned(),
+            queue_mode: agentloop_proto::QueueMode::Followup,
             context_window_tokens: 128_000,
             reserve_tokens: 16_384,
             run_timeout_ms: 0,

@@ -33,10 +33,7 @@ pub(crate) async fn take_in(replica: &Arc<Replica>, msg: jetstream::Message, com
     } else {
         command.agent_id.as_str()
     };
-    let agent_default = replica
-        .agents
-        .get(agent_id)
-        .and_then(|agent| QueueMode::parse(&agent.queue_mode).ok().flatten());
+    let agent_default = replica.agents.get(agent_id).map(|agent| agent.queue_mode);
     let kind = inbox_kind(&command, agent_default);
     // Claimed in the same call, after the input is committed: a holder releasing meanwhile
     // either sees this input (and keeps going) or leaves the lease free for this claim.

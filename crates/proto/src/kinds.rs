@@ -59,6 +59,19 @@ macro_rules! words {
                 f.write_str(self.as_str())
             }
         }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let word = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                word.parse().map_err(serde::de::Error::custom)
+            }
+        }
     };
 }
 
@@ -222,6 +235,15 @@ mod tests {
         assert!(err.to_string().contains("steer followup collect interrupt"));
         assert!("Steer".parse::<QueueMode>().is_err(), "words are lowercase");
         assert!("".parse::<RunStatus>().is_err());
+    }
+
+    #[test]
+    fn configuration_reads_the_same_words_and_refuses_others() {
+        let mode: QueueMode = serde_json::from_str("\"collect\"").unwrap();
+        assert_eq!(mode, QueueMode::Collect);
+        assert_eq!(serde_json::to_string(&mode).unwrap(), "\"collect\"");
+        let err = serde_json::from_str::<QueueMode>("\"later\"").unwrap_err();
+        assert!(err.to_string().contains("unknown queue mode"), "{err}");
     }
 
     #[test]
