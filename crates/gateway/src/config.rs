@@ -18,6 +18,8 @@ pub struct GatewayConfig {
     pub gateway: GatewaySettings,
 }
 
+agentloop_lifecycle::config_schema!(GatewayConfig);
+
 /// The part of `[models]` the gateway checks `sessions.patch` against.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(default)]
