@@ -41,7 +41,10 @@ fn exited_with(mut child: Child, wait: Duration) -> Option<String> {
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait().expect("wait for agentloop") {
             let mut stderr = String::new();
-            let _ = child.stderr.take().map(|mut s| s.read_to_string(&mut stderr));
+            let _ = child
+                .stderr
+                .take()
+                .map(|mut s| s.read_to_string(&mut stderr));
             assert!(!status.success(), "exited 0: {stderr}");
             return Some(stderr);
         }
