@@ -146,3 +146,39 @@ concurrency = 8
         panic!("delivery refused a valid product configuration: {stderr}");
     }
 }
+
+/// Loads `path` as each service does; every service's config type is named, so every one is in
+/// the program and registered, as in the binary.
+fn load_as_every_service(path: &str) -> Result<(), agentloop_lifecycle::ConfigError> {
+    use agentloop_lifecycle::load_config_from;
+    let env = Vec::<(String, String)>::new;
+    load_config_from::<agentloop_memory::MemoryConfig>(Some(path), env())?;
+    load_config_from::<agentloop_router::RouterConfig>(Some(path), env())?;
+    load_config_from::<agentloop_agent_runner::RunnerConfig>(Some(path), env())?;
+    load_config_from::<agentloop_delivery::DeliveryConfig>(Some(path), env())?;
+    load_config_from::<agentloop_gateway::GatewayConfig>(Some(path), env())?;
+    Ok(())
+}
+
+#[test]
+fn every_toml_example_of_the_readme_is_valid_configuration() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("read README.md");
+    let examples: Vec<&str> = readme
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .collect();
+    assert!(!examples.is_empty(), "README.md has TOML examples");
+    for (i, example) in examples.iter().enumerate() {
+        let file = config_file(&format!("readme-{i}"), example);
+        if let Err(err) = load_as_every_service(&file) {
+            panic!("README example {i} is refused: {err:#?}\n{example}");
+        }
+    }
+    let typo = config_file("readme-typo", "[runner]\nmax_turn = 3\n");
+    assert!(matches!(
+        load_as_every_service(&typo),
+        Err(agentloop_lifecycle::ConfigError::Unknown(_))
+    ));
+}

@@ -144,7 +144,7 @@ pub fn config_path_from_args() -> Option<String> {
 /// Loads `T` from `--config`, else `$AGENTLOOP_CONFIG`, else defaults, then the environment.
 ///
 /// # Errors
-/// A [`ConfigError`] when the file is unreadable or the merged values don't fit `T`.
+/// A [`ConfigError`] as [`load_config_from`] returns it.
 pub fn load_config<T: DeserializeOwned>() -> Result<T, ConfigError> {
     let path = config_path_from_args().or_else(|| std::env::var("AGENTLOOP_CONFIG").ok());
     load_config_from(path.as_deref(), std::env::vars())
