@@ -6,15 +6,6 @@ use std::io::Read as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A NATS URL nothing listens on: a service that got past its configuration keeps retrying.
-fn unreachable_nats() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(1);
-    format!("nats://127.0.0.1:{port}")
-}
-
 /// Starts `agentloop delivery` with only `env` (and `--config file` when given).
 fn start_delivery(file: Option<&str>, env: &[(&str, &str)]) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_agentloop"));
@@ -22,7 +13,8 @@ fn start_delivery(file: Option<&str>, env: &[(&str, &str)]) -> Child {
         .arg("delivery")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("NATS_URL", unreachable_nats())
+        // Nothing listens on port 1: a service past its configuration keeps retrying NATS.
+        .env("NATS_URL", "nats://127.0.0.1:1")
         .env("RUST_LOG", "warn")
         .env("AGENTLOOP_WORKER_THREADS", "1")
         .stdin(Stdio::null())

@@ -210,52 +210,14 @@ fn display(path: &[Segment]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-
-    #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Hook {
-        subject: String,
-    }
-
-    #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Runner {
-        max_turns: u32,
-        hooks: Vec<Hook>,
-    }
-
-    #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Agent {
-        model: String,
-    }
-
-    /// The runner's view: `[runner]`, `[agents.<id>]`.
-    #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct RunnerView {
-        runner: Runner,
-        agents: BTreeMap<String, Agent>,
-    }
-
-    #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Gateway {
-        listen: String,
-    }
-
-    /// The gateway's view: `[gateway]` only.
-    #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct GatewayView {
-        gateway: Gateway,
-    }
+    use crate::config_schema::fixtures;
 
     fn schemas() -> [Schema; 2] {
-        [Schema::of::<RunnerView>(), Schema::of::<GatewayView>()]
+        [
+            Schema::of::<fixtures::RunnerView>(),
+            Schema::of::<fixtures::GatewayView>(),
+        ]
     }
 
     fn check(toml: &str, variables: &[&str]) -> Vec<String> {

@@ -227,53 +227,68 @@ impl<'de> de::SeqAccess<'de> for Element<'_> {
     }
 }
 
+/// Config types shaped like the services': a runner's view of the document (through
+/// `from`, as the runner's is) and a gateway's.
 #[cfg(test)]
-mod tests {
-    use super::*;
+#[allow(dead_code)]
+pub(crate) mod fixtures {
+    use std::collections::BTreeMap;
 
     #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Hook {
-        point: String,
+    pub(crate) struct Hook {
+        subject: String,
     }
 
     #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Agent {
+    pub(crate) struct Agent {
         model: String,
         timeout_ms: Option<u64>,
     }
 
     #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct Runner {
+    pub(crate) struct Runner {
         max_turns: u32,
         hooks: Vec<Hook>,
     }
 
+    /// `[runner]` and `[agents.<id>]`.
     #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    #[serde(from = "RawDoc")]
-    struct Doc {
+    #[serde(from = "RawRunnerView")]
+    pub(crate) struct RunnerView {
         runner: Runner,
-        agents: std::collections::BTreeMap<String, Agent>,
+        agents: BTreeMap<String, Agent>,
     }
 
     #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
-    struct RawDoc {
+    struct RawRunnerView {
         runner: Runner,
-        agents: std::collections::BTreeMap<String, Agent>,
+        agents: BTreeMap<String, Agent>,
     }
 
-    impl From<RawDoc> for Doc {
-        fn from(raw: RawDoc) -> Self {
+    impl From<RawRunnerView> for RunnerView {
+        fn from(raw: RawRunnerView) -> Self {
             Self {
                 runner: raw.runner,
                 agents: raw.agents,
             }
         }
     }
+
+    #[derive(serde::Deserialize)]
+    pub(crate) struct Gateway {
+        listen: String,
+    }
+
+    /// `[gateway]` only.
+    #[derive(serde::Deserialize)]
+    pub(crate) struct GatewayView {
+        gateway: Gateway,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     fn path(keys: &[&str]) -> Vec<Segment> {
         keys.iter()
@@ -286,7 +301,7 @@ mod tests {
 
     #[test]
     fn the_probe_finds_fields_maps_and_lists_at_any_depth() {
-        let doc = Schema::of::<Doc>();
+        let doc = Schema::of::<fixtures::RunnerView>();
         assert_eq!(doc.shape_at(&[]), Shape::Struct(&["runner", "agents"]));
         assert_eq!(
             doc.shape_at(&path(&["runner"])),
@@ -295,7 +310,7 @@ mod tests {
         assert_eq!(doc.shape_at(&path(&["runner", "hooks"])), Shape::Seq);
         assert_eq!(
             doc.shape_at(&path(&["runner", "hooks", "0"])),
-            Shape::Struct(&["point"])
+            Shape::Struct(&["subject"])
         );
         assert_eq!(doc.shape_at(&path(&["agents"])), Shape::Map);
         assert_eq!(
