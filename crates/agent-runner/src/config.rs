@@ -29,31 +29,26 @@ pub struct RunnerConfig {
 struct RawRunnerConfig {
     bus: BusConfig,
     memory: agentloop_lifecycle::MemoryEndpoint,
-    models: RawModels,
+    models: ModelsConfig,
     runner: RunnerSettings,
     agents: std::collections::BTreeMap<String, AgentConfig>,
 }
 
-#[derive(Default, serde::Deserialize)]
-struct RawModels {
-    #[serde(flatten)]
-    config: ModelsConfig,
-    #[serde(default, deserialize_with = "agentloop_lifecycle::list_or_commas")]
-    allowlist: Vec<String>,
-}
-
 impl From<RawRunnerConfig> for RunnerConfig {
-    fn from(raw: RawRunnerConfig) -> Self {
+    fn from(mut raw: RawRunnerConfig) -> Self {
+        let model_allowlist = std::mem::take(&mut raw.models.allowlist);
         Self {
             bus: raw.bus,
             memory: raw.memory,
-            models: raw.models.config,
-            model_allowlist: raw.models.allowlist,
+            models: raw.models,
+            model_allowlist,
             runner: raw.runner,
             agents: raw.agents,
         }
     }
 }
+
+agentloop_lifecycle::config_schema!(RunnerConfig);
 
 /// One agent (`[agents.<id>]`).
 #[derive(Debug, Clone, serde::Deserialize)]

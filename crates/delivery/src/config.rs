@@ -12,6 +12,8 @@ pub struct DeliveryConfig {
     pub delivery: DeliverySettings,
 }
 
+agentloop_lifecycle::config_schema!(DeliveryConfig);
+
 /// `[delivery]`
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(default)]

@@ -1,6 +1,8 @@
 //! Gateway settings: `[bus]`, `[memory]` (url), `[models]` (allowlist) and `[gateway]`.
 
 use agentloop_bus::BusConfig;
+use serde::Deserialize as _;
+use serde::de::{self, Visitor};
 
 use crate::principal::TokenGrant;
 
@@ -17,6 +19,8 @@ pub struct GatewayConfig {
     /// Gateway-only settings.
     pub gateway: GatewaySettings,
 }
+
+agentloop_lifecycle::config_schema!(GatewayConfig);
 
 /// The part of `[models]` the gateway checks `sessions.patch` against.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -162,32 +166,61 @@ impl GatewaySettings {
 }
 
 /// Reads `tokens`: a list of strings and/or tables, or comma-separated text (environment
-/// variables are strings); a string is an admin token.
+/// variables are strings); a string is an admin token. Written as visitors rather than untagged
+/// enums, so that a table with a misspelt field is refused with serde's own message naming it.
 fn grants<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<TokenGrant>, D::Error> {
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Item {
-        Plain(String),
-        Grant(TokenGrant),
+    d.deserialize_any(GrantsVisitor)
+}
+
+struct GrantsVisitor;
+
+impl<'de> Visitor<'de> for GrantsVisitor {
+    type Value = Vec<TokenGrant>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of tokens, or comma-separated tokens")
     }
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Grants {
-        List(Vec<Item>),
-        Commas(String),
-    }
-    Ok(match serde::Deserialize::deserialize(d)? {
-        Grants::List(items) => items
-            .into_iter()
-            .map(|item| match item {
-                Item::Plain(token) => TokenGrant::admin(token),
-                Item::Grant(grant) => grant,
-            })
-            .collect(),
-        Grants::Commas(text) => agentloop_lifecycle::split_commas(&text)
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(agentloop_lifecycle::split_commas(text)
             .map(TokenGrant::admin)
-            .collect(),
-    })
+            .collect())
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut items: A) -> Result<Self::Value, A::Error> {
+        let mut grants = Vec::new();
+        while let Some(Grant(grant)) = items.next_element()? {
+            grants.push(grant);
+        }
+        Ok(grants)
+    }
+}
+
+/// One entry of `tokens`: a plain string (an admin) or a table.
+struct Grant(TokenGrant);
+
+impl<'de> serde::Deserialize<'de> for Grant {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(GrantVisitor).map(Grant)
+    }
+}
+
+struct GrantVisitor;
+
+impl<'de> Visitor<'de> for GrantVisitor {
+    type Value = TokenGrant;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a token, or a table of token, principal and scopes")
+    }
+
+    fn visit_str<E: de::Error>(self, token: &str) -> Result<Self::Value, E> {
+        Ok(TokenGrant::admin(token))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, table: A) -> Result<Self::Value, A::Error> {
+        TokenGrant::deserialize(de::value::MapAccessDeserializer::new(table))
+    }
 }
 
 #[cfg(test)]
@@ -229,6 +262,14 @@ mod tests {
             r#"tokens = [{token = "s", principal = "a", scopes = ["root"]}]"#,
         );
         assert!(unknown.is_err());
+        let misspelt = toml::from_str::<GatewaySettings>(
+            r#"tokens = [{token = "s", principl = "a", scopes = ["read"]}]"#,
+        )
+        .unwrap_err();
+        assert!(
+            misspelt.to_string().contains("unknown field `principl`"),
+            "{misspelt}"
+        );
         let twice: GatewaySettings =
             toml::from_str(r#"tokens = ["s", {token = "s", principal = "a", scopes = ["read"]}]"#)
                 .unwrap();

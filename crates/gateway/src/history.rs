@@ -12,10 +12,10 @@ use serde_json::{Value, json};
 use agentloop_proto::v1::{Entry, GetHistoryRequest};
 
 use crate::RequestError;
-use crate::http::AppState;
 use crate::params::{no_nul, parse};
 use crate::principal::Principal;
 use crate::sessions::session_id;
+use crate::state::AppState;
 
 /// The most entries one answer holds; a larger `limit` is cut to it.
 pub(crate) const MAX_LIMIT: u32 = 1000;

@@ -8,6 +8,7 @@ mod ask;
 mod config;
 mod dispatch;
 mod error;
+mod frames;
 mod guard;
 mod history;
 mod http;
@@ -17,6 +18,7 @@ mod openai;
 mod params;
 mod principal;
 mod sessions;
+mod state;
 mod ws;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
@@ -108,7 +110,7 @@ impl Gateway {
             tracing::info!(%addr, "gateway listening (/, /ws, /v1/chat/completions)");
         }
         let bus_cell: Arc<OnceLock<Bus>> = Arc::new(OnceLock::new());
-        let state = http::AppState {
+        let state = state::AppState {
             bus: bus_cell.clone(),
             sessions,
             config: Arc::new(config.clone()),

@@ -16,10 +16,10 @@ use tokio::time::Instant;
 use agentloop_proto::v1::SystemEvent;
 
 use crate::dispatch::{self, Finished, Submission};
-use crate::http::AppState;
+use crate::frames::{Outgoing, err, ok};
 use crate::params::{client_timeout, no_nul, parse};
 use crate::principal::{Principal, Scope};
-use crate::ws::{Outgoing, err, ok};
+use crate::state::AppState;
 use crate::{RequestError, sessions};
 
 /// Every method, as `connect` announces them.
@@ -129,7 +129,7 @@ fn submission(
     }
     let mut metadata = HashMap::new();
     if let Some(model) = p.model.filter(|m| !m.is_empty()) {
-        check_model(state, who, &model)?;
+        state.check_model(who, &model)?;
         metadata.insert("model".to_owned(), model);
     }
     let timeout = client_timeout(state, p.timeout, p.timeout_ms)?;
@@ -148,31 +148,6 @@ fn submission(
         timeout,
         caller: who.caller(),
     })
-}
-
-/// Checks that `who` may have a run use `model`: an admin any model the allowlist allows
-/// (any, when it is empty), others only listed ones or the default.
-///
-/// # Errors
-/// [`RequestError::Forbidden`] for a model only an admin may choose,
-/// [`RequestError::InvalidRequest`] for one nobody may.
-pub(crate) fn check_model(
-    state: &AppState,
-    who: &Principal,
-    model: &str,
-) -> Result<(), RequestError> {
-    let policy = &state.config.models;
-    if !policy.allows(model) {
-        return Err(RequestError::InvalidRequest(format!(
-            "model {model:?} is not in the allowlist"
-        )));
-    }
-    if !who.is_admin() && !policy.listed(model) {
-        return Err(RequestError::Forbidden(format!(
-            "only an admin may choose model {model:?} (not in models.allowlist)"
-        )));
-    }
-    Ok(())
 }
 
 fn millis_now() -> u64 {

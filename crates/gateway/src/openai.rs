@@ -18,8 +18,8 @@ use tokio::sync::mpsc;
 use crate::RequestError;
 use crate::dispatch::{self, EndStatus, Finished, Submission};
 use crate::guard::Refusal;
-use crate::http::{AppState, bearer};
 use crate::principal::Scope;
+use crate::state::{AppState, bearer};
 
 /// The model name of the default agent.
 const DEFAULT_MODEL: &str = "agentloop";

@@ -6,7 +6,7 @@ use serde::{Deserialize, Deserializer, de::DeserializeOwned};
 use serde_json::{Value, json};
 
 use crate::RequestError;
-use crate::http::AppState;
+use crate::state::AppState;
 
 /// Refuses a NUL in an identifier: Postgres text cannot hold one, and the storage error it
 /// would cause looks retryable when the request never can succeed.

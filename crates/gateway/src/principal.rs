@@ -41,6 +41,7 @@ impl fmt::Debug for Secret {
 
 /// A configured token: its secret, the principal it stands for and its scopes.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenGrant {
     /// The secret clients present.
     pub token: Secret,

@@ -11,10 +11,9 @@ use agentloop_proto::v1::{
 };
 
 use crate::RequestError;
-use crate::http::AppState;
-use crate::methods::check_model;
 use crate::params::{no_nul, parse, present};
 use crate::principal::Principal;
+use crate::state::AppState;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -215,7 +214,7 @@ pub(crate) async fn sessions_patch(
     let p: PatchParams = parse("sessions.patch", params)?;
     let model = p.model.map(Option::unwrap_or_default);
     if let Some(model) = model.as_deref().filter(|m| !m.is_empty()) {
-        check_model(state, who, model)?;
+        state.check_model(who, model)?;
     }
     let thinking_level = p.thinking_level.map(Option::unwrap_or_default);
     // Thinking costs like a pricier model; going back to the default costs nothing.

@@ -20,9 +20,11 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
+use crate::frames::{Outgoing, err, ok};
 use crate::limits::{ClientSlot, PendingSlot};
 use crate::principal::Principal;
-use crate::{RequestError, http::AppState, methods};
+use crate::state::AppState;
+use crate::{RequestError, methods};
 
 /// Protocol version announced by `connect`.
 const PROTOCOL: u32 = 1;
@@ -31,37 +33,6 @@ const OUTGOING_CAPACITY: usize = 256;
 /// The transport refuses frames this many times the configured limit; up to that the gateway
 /// reads a frame and answers a clear `FRAME_TOO_LARGE` instead of just dropping the connection.
 const HARD_LIMIT_FACTOR: usize = 4;
-
-/// A frame for the connection's writer.
-#[derive(Debug)]
-pub(crate) enum Outgoing {
-    /// A response frame, sent as is.
-    Frame(Value),
-    /// An event; the writer numbers it.
-    Event {
-        /// The event name (`agent`, `chat`).
-        event: &'static str,
-        /// Its payload.
-        payload: Value,
-    },
-    /// Closes the connection with a code and reason.
-    Close(u16, String),
-}
-
-/// Returns a success response frame.
-pub(crate) fn ok(id: &Value, payload: Value) -> Outgoing {
-    Outgoing::Frame(json!({"type": "res", "id": id, "ok": true, "payload": payload}))
-}
-
-/// Returns an error response frame.
-pub(crate) fn err(id: &Value, error: &RequestError) -> Outgoing {
-    Outgoing::Frame(json!({
-        "type": "res",
-        "id": id,
-        "ok": false,
-        "error": {"code": error.code(), "message": error.to_string(), "retryable": error.retryable()},
-    }))
-}
 
 /// Upgrades `/ws` with the configured frame limits, when the client address has a place left
 /// and not too many sockets wait for `connect` (`Host` and `Origin` are checked before).
@@ -378,16 +349,5 @@ mod tests {
         assert!(!bucket.take(start));
         assert!(bucket.take(start + Duration::from_millis(500)));
         assert!(!bucket.take(start + Duration::from_millis(500)));
-    }
-
-    #[test]
-    fn error_frames_carry_code_message_and_the_request_id() {
-        let Outgoing::Frame(frame) = err(&json!("7"), &RequestError::NotConnected) else {
-            panic!("not a frame");
-        };
-        assert_eq!(frame["id"], "7");
-        assert_eq!(frame["ok"], false);
-        assert_eq!(frame["error"]["code"], "NOT_CONNECTED");
-        assert_eq!(frame["error"]["message"], "call connect first");
     }
 }

@@ -1,10 +1,15 @@
 //! One TOML file for every service, each key overridable by `AGENTLOOP_<SECTION>__<KEY>`.
 //!
 //! Each service deserializes the whole merged document into its own config type and takes the
-//! sections it needs, so one file configures a whole stack.
+//! sections it needs, so one file configures a whole stack. A name that no config type of the
+//! program reads is refused (`config_check`), and so is a value that does not fit.
 
 use serde::de::DeserializeOwned;
 use toml::{Table, Value};
+
+use crate::config_check::{UnknownNames, unknown_names};
+use crate::config_env::{ALIASES, Variable, classify};
+use crate::config_schema::Schema;
 
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +35,9 @@ pub enum ConfigError {
     /// The merged configuration does not fit the service's settings.
     #[error("invalid configuration (file and AGENTLOOP_* environment merged)")]
     Invalid(#[source] toml::de::Error),
+    /// Keys or `AGENTLOOP_*` variables that no part of the program reads: a typo, most likely.
+    #[error("{0}")]
+    Unknown(UnknownNames),
 }
 
 /// Splits comma-separated text into its trimmed, non-empty items.
@@ -119,17 +127,6 @@ impl std::fmt::Debug for MemoryEndpoint {
     }
 }
 
-/// Conventional variables of other ecosystems, mapped onto config keys. `AGENTLOOP_*__*` wins.
-const ALIASES: &[(&str, &str, &str)] = &[
-    ("NATS_URL", "bus", "url"),
-    ("DATABASE_URL", "memory", "database_url"),
-    ("AGENTLOOP_MODEL", "models", "default_model"),
-    ("OPENAI_BASE_URL", "models", "openai_base_url"),
-    ("OPENAI_API_KEY", "models", "openai_api_key"),
-    ("ANTHROPIC_BASE_URL", "models", "anthropic_base_url"),
-    ("ANTHROPIC_API_KEY", "models", "anthropic_api_key"),
-];
-
 /// Returns the path given by `--config PATH` (or `--config=PATH`) on the command line, if any.
 pub fn config_path_from_args() -> Option<String> {
     let mut args = std::env::args().skip(1);
@@ -147,7 +144,7 @@ pub fn config_path_from_args() -> Option<String> {
 /// Loads `T` from `--config`, else `$AGENTLOOP_CONFIG`, else defaults, then the environment.
 ///
 /// # Errors
-/// A [`ConfigError`] when the file is unreadable or the merged values don't fit `T`.
+/// A [`ConfigError`] as [`load_config_from`] returns it.
 pub fn load_config<T: DeserializeOwned>() -> Result<T, ConfigError> {
     let path = config_path_from_args().or_else(|| std::env::var("AGENTLOOP_CONFIG").ok());
     load_config_from(path.as_deref(), std::env::vars())
@@ -156,7 +153,8 @@ pub fn load_config<T: DeserializeOwned>() -> Result<T, ConfigError> {
 /// Loads `T` from an optional TOML file overlaid with the given environment variables.
 ///
 /// # Errors
-/// A [`ConfigError`] when the file is unreadable or the merged values don't fit `T`.
+/// A [`ConfigError`] when the file is unreadable, names a key or variable that no config type
+/// of the program reads ([`ConfigError::Unknown`]), or the merged values don't fit `T`.
 pub fn load_config_from<T: DeserializeOwned>(
     path: Option<&str>,
     env: impl IntoIterator<Item = (String, String)>,
@@ -175,21 +173,23 @@ pub fn load_config_from<T: DeserializeOwned>(
         None => Table::new(),
     };
     let env: Vec<(String, String)> = env.into_iter().collect();
+    let schemas: Vec<Schema> = Schema::registered()
+        .copied()
+        .chain([Schema::of::<T>()])
+        .collect();
+    let unknown = unknown_names(&table, env.iter().map(|(name, _)| name.as_str()), &schemas);
+    if !unknown.is_empty() {
+        return Err(ConfigError::Unknown(UnknownNames(unknown)));
+    }
     for (name, section, key) in ALIASES {
         if let Some((_, value)) = env.iter().find(|(k, _)| k == name) {
             set(&mut table, section, key, Value::String(value.clone()));
         }
     }
     for (name, value) in &env {
-        let Some(rest) = name.strip_prefix("AGENTLOOP_") else {
-            continue;
-        };
-        let Some((section, key)) = rest.split_once("__") else {
-            continue;
-        };
-        let section = section.to_ascii_lowercase();
-        let key = key.to_ascii_lowercase();
-        set(&mut table, &section, &key, parse_env_value(value));
+        if let Variable::Key { section, key } = classify(name) {
+            set(&mut table, &section, &key, parse_env_value(value));
+        }
     }
     T::deserialize(Value::Table(table)).map_err(ConfigError::Invalid)
 }
@@ -293,6 +293,25 @@ mod tests {
         let err = load_config_from::<Cfg>(None, env(&[("AGENTLOOP_RUNNER__LEASE_TTL_MS", "soon")]))
             .unwrap_err();
         assert!(matches!(err, ConfigError::Invalid(_)));
+    }
+
+    #[test]
+    fn an_unknown_key_or_variable_is_refused_with_the_closest_valid_name() {
+        let dir = std::env::temp_dir().join(format!("agentloop-cfg-typo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(&path, "[runner]\nlease_ttl_m = 5\n").unwrap();
+        let err = load_config_from::<Cfg>(path.to_str(), env(&[("AGENTLOOP_BUS__PREFX", "x")]))
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::Unknown(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "unknown key `runner.lease_ttl_m`; did you mean `runner.lease_ttl_ms`?\n\
+             unknown environment variable `AGENTLOOP_BUS__PREFX`; did you mean `AGENTLOOP_BUS__PREFIX`?"
+        );
+        // `[telemetry]` is not `Cfg`'s, but another config type of the program reads it.
+        std::fs::write(&path, "[telemetry]\nlog_level = \"debug\"\n").unwrap();
+        load_config_from::<Cfg>(path.to_str(), env(&[("AGENTLOOP_CONFIG", "c.toml")])).unwrap();
     }
 
     #[test]

@@ -3,6 +3,9 @@
 
 mod admin;
 mod config;
+mod config_check;
+mod config_env;
+mod config_schema;
 mod health;
 
 pub use admin::{AdminServer, admin_routes};
@@ -10,7 +13,14 @@ pub use config::{
     ConfigError, MemoryEndpoint, config_path_from_args, list_or_commas, load_config,
     load_config_from, split_commas,
 };
+pub use config_check::{UnknownName, UnknownNames};
+pub use config_schema::Schema;
 pub use health::{Counter, Health, Readiness};
+
+/// For [`config_schema!`]: the registry it submits to, so that callers need no dependency of
+/// their own.
+#[doc(hidden)]
+pub use inventory as __inventory;
 
 use tokio_util::sync::CancellationToken;
 

@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-/// The memory service's view of the configuration document; other sections are ignored.
+/// The memory service's view of the configuration document; other sections are other services'.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(default)]
 pub struct MemoryConfig {
@@ -10,10 +10,13 @@ pub struct MemoryConfig {
     pub memory: MemorySettings,
 }
 
+agentloop_lifecycle::config_schema!(MemoryConfig);
+
 /// Settings of the memory service (`AGENTLOOP_MEMORY__<KEY>`).
 ///
-/// No `deny_unknown_fields`: clients read the same section for `url`, and may add keys of their
-/// own. `Debug` masks the database password.
+/// No `deny_unknown_fields`: clients read keys of their own in the same section
+/// (`agentloop_lifecycle::MemoryEndpoint`); the loader refuses a key that neither reads.
+/// `Debug` masks the database password.
 #[derive(Clone, Deserialize)]
 #[serde(default)]
 pub struct MemorySettings {
@@ -140,8 +143,8 @@ mod tests {
             ("AGENTLOOP_MEMORY__LISTEN", "0.0.0.0:6000"),
             ("AGENTLOOP_MEMORY__HISTORY_LIMIT", "50"),
             ("AGENTLOOP_MEMORY__INBOX_MAX_PENDING", "5"),
-            ("AGENTLOOP_MEMORY__SOME_CLIENT_KEY", "ignored"),
-            ("AGENTLOOP_BUS__URL", "nats://nats:4222"),
+            ("AGENTLOOP_MEMORY__TLS_CA_FILE", "read by clients only"),
+            ("AGENTLOOP_TELEMETRY__LOG_LEVEL", "debug"),
             ("DATABASE_URL", "postgres://db/agentloop"),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
@@ -157,6 +160,14 @@ mod tests {
         assert_eq!(config.memory.max_connections, 0);
         assert!(config.memory.pool_size() >= 4);
         assert!(config.memory.admin_listen.is_empty());
+
+        let typo = [("AGENTLOOP_MEMORY__HISTORY_LIMT".to_owned(), "5".to_owned())];
+        let err = agentloop_lifecycle::load_config_from::<MemoryConfig>(None, typo).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`AGENTLOOP_MEMORY__HISTORY_LIMIT`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub struct ModelsConfig {
     pub cooldown_base_ms: u64,
     /// Longest cooldown.
     pub cooldown_max_ms: u64,
+    /// When not empty, the only models (besides the default) a session may use; enforced by the
+    /// router and the runner's intake, not by the client.
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
+    pub allowlist: Vec<String>,
 }
 
 /// Credentials for one provider (`[[models.profiles]]`).
@@ -71,6 +75,7 @@ impl Default for ModelsConfig {
             context_windows: std::collections::BTreeMap::new(),
             cooldown_base_ms: 1_000,
             cooldown_max_ms: 300_000,
+            allowlist: Vec::new(),
         }
     }
 }

@@ -18,6 +18,8 @@ pub struct RouterConfig {
     pub agents: std::collections::BTreeMap<String, AgentModel>,
 }
 
+agentloop_lifecycle::config_schema!(RouterConfig);
+
 /// An agent's model (`[agents.<id>] model`), between a session's override and the default.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(default)]

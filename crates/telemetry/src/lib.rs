@@ -4,9 +4,11 @@
 //! calls ride on (a traced channel for clients, accepted connections for servers).
 
 mod coalesce;
+mod log_format;
 mod propagation;
 
 pub use coalesce::CoalescingIo;
+pub use log_format::{LogFormat, UnknownLogFormat};
 
 pub use propagation::{
     ChannelError, ChannelTls, GrpcTraceInjector, TracedChannel, grpc_incoming, grpc_server_span,
@@ -23,7 +25,7 @@ use tracing_subscriber::{EnvFilter, layer::SubscriberExt, util::SubscriberInitEx
 #[serde(default)]
 pub struct TelemetryConfig {
     /// `text` (default) or `json`.
-    pub log_format: String,
+    pub log_format: LogFormat,
     /// Filter used when `RUST_LOG` is unset.
     pub log_level: String,
 }
@@ -31,7 +33,7 @@ pub struct TelemetryConfig {
 impl Default for TelemetryConfig {
     fn default() -> Self {
         Self {
-            log_format: "text".to_owned(),
+            log_format: LogFormat::Text,
             log_level: "info".to_owned(),
         }
     }
@@ -100,9 +102,8 @@ pub fn init(service: &str, config: &TelemetryConfig) -> Result<TelemetryGuard, T
     let otel_layer = provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer().with_tracer(provider.tracer(service.to_owned()))
     });
-    let json = config.log_format.eq_ignore_ascii_case("json");
     let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
-    let result = if json {
+    let result = if config.log_format == LogFormat::Json {
         registry
             .with(
                 tracing_subscriber::fmt::layer()
