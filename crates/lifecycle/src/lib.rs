@@ -1,16 +1,19 @@
 //! Process lifecycle shared by every service: layered configuration (defaults < TOML file <
-//! environment), shutdown on SIGINT/SIGTERM, and the health, readiness and metrics endpoints.
+//! environment), shutdown on SIGINT/SIGTERM, the health, readiness and metrics endpoints with a
+//! service run behind them ([`run_with_admin`]), and the one retry policy ([`retry`]).
 
 mod admin;
 mod config;
 mod health;
+mod retry;
 
-pub use admin::{AdminServer, admin_routes};
+pub use admin::{AdminError, AdminServer, admin_routes, run_with_admin};
 pub use config::{
     ConfigError, MemoryEndpoint, config_path_from_args, list_or_commas, load_config,
     load_config_from, split_commas,
 };
 pub use health::{Counter, Health, Readiness};
+pub use retry::{Backoff, retry};
 
 use tokio_util::sync::CancellationToken;
 
