@@ -2,6 +2,8 @@
 //! service's startup does with a server that refuses it, and what becomes of the messages a
 //! service cannot process.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a failed fixture should panic the test
+
 mod dead_letters;
 mod startup;
 
