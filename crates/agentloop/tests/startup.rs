@@ -144,12 +144,11 @@ async fn a_runner_on_a_nats_server_too_old_exits_at_once_naming_the_version() {
     exits_naming("runner", &[("NATS_URL", &url)], "nats-server 2.9.0").await;
 }
 
-#[tokio::test]
-async fn delivery_on_a_nats_server_without_jetstream_exits_at_once_saying_so() {
+/// `service` on a nats-server without JetStream exits, saying so.
+async fn exits_without_jetstream(service: &str) {
     let nats = NatsWithoutJetStream::start().await;
-
     exits_naming(
-        "delivery",
+        service,
         &[("NATS_URL", &nats.url)],
         "runs without JetStream",
     )
@@ -157,15 +156,13 @@ async fn delivery_on_a_nats_server_without_jetstream_exits_at_once_saying_so() {
 }
 
 #[tokio::test]
-async fn a_gateway_already_listening_exits_at_once_when_nats_has_no_jetstream() {
-    let nats = NatsWithoutJetStream::start().await;
+async fn delivery_on_a_nats_server_without_jetstream_exits_at_once_saying_so() {
+    exits_without_jetstream("delivery").await;
+}
 
-    exits_naming(
-        "gateway",
-        &[("NATS_URL", &nats.url)],
-        "runs without JetStream",
-    )
-    .await;
+#[tokio::test]
+async fn a_gateway_already_listening_exits_at_once_when_nats_has_no_jetstream() {
+    exits_without_jetstream("gateway").await;
 }
 
 #[tokio::test]

@@ -148,71 +148,58 @@ mod tests {
         );
     }
 
+    /// Runs `retry` on a call that fails with `error` until its `succeed_on`th call (if any);
+    /// returns the outcome and the number of calls.
+    async fn calls_until(
+        policy: Backoff,
+        is_transient: impl Fn(&String) -> bool,
+        error: &str,
+        succeed_on: Option<u32>,
+    ) -> (Result<u32, String>, u32) {
+        let mut calls = 0;
+        let result = retry("test", policy, is_transient, || {
+            calls += 1;
+            let outcome = match succeed_on {
+                Some(n) if calls >= n => Ok(calls),
+                _ => Err(error.to_owned()),
+            };
+            async move { outcome }
+        })
+        .await;
+        (result, calls)
+    }
+
     #[tokio::test]
     async fn transient_failures_are_retried_up_to_the_cap() {
-        let mut calls = 0;
-        let result: Result<(), String> = retry(
-            "test",
-            Backoff::new(1, 1, 3),
-            |_| true,
-            || {
-                calls += 1;
-                async { Err("down".to_owned()) }
-            },
-        )
-        .await;
-        assert_eq!(result, Err("down".to_owned()));
-        assert_eq!(calls, 4, "one call and three retries");
+        let outcome = calls_until(Backoff::new(1, 1, 3), |_| true, "down", None).await;
+        assert_eq!(
+            outcome,
+            (Err("down".to_owned()), 4),
+            "one call and three retries"
+        );
     }
 
     #[tokio::test]
     async fn retry_stops_at_the_budget_too() {
-        let mut calls = 0;
-        let result: Result<(), String> = retry(
-            "test",
-            Backoff::new(1, 1, u32::MAX).within(Duration::ZERO),
-            |_| true,
-            || {
-                calls += 1;
-                async { Err("down".to_owned()) }
-            },
-        )
-        .await;
-        assert_eq!(result, Err("down".to_owned()));
-        assert_eq!(calls, 1, "no wait ends within an empty budget");
+        let policy = Backoff::new(1, 1, u32::MAX).within(Duration::ZERO);
+        let outcome = calls_until(policy, |_| true, "down", None).await;
+        assert_eq!(
+            outcome,
+            (Err("down".to_owned()), 1),
+            "no wait ends within an empty budget"
+        );
     }
 
     #[tokio::test]
     async fn a_permanent_failure_is_not_retried() {
-        let mut calls = 0;
-        let result: Result<(), String> = retry(
-            "test",
-            Backoff::new(50, 1_000, 7),
-            |err: &String| err != "invalid",
-            || {
-                calls += 1;
-                async { Err("invalid".to_owned()) }
-            },
-        )
-        .await;
-        assert_eq!(result, Err("invalid".to_owned()));
-        assert_eq!(calls, 1);
+        let policy = Backoff::new(50, 1_000, 7);
+        let outcome = calls_until(policy, |err| err != "invalid", "invalid", None).await;
+        assert_eq!(outcome, (Err("invalid".to_owned()), 1));
     }
 
     #[tokio::test]
     async fn a_success_after_failures_is_returned() {
-        let mut calls = 0;
-        let result: Result<u32, String> = retry(
-            "test",
-            Backoff::new(1, 1, 5),
-            |_| true,
-            || {
-                calls += 1;
-                let n = calls;
-                async move { if n < 3 { Err("down".to_owned()) } else { Ok(n) } }
-            },
-        )
-        .await;
-        assert_eq!(result, Ok(3));
+        let outcome = calls_until(Backoff::new(1, 1, 5), |_| true, "down", Some(3)).await;
+        assert_eq!(outcome, (Ok(3), 3));
     }
 }
