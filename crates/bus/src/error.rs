@@ -80,9 +80,11 @@ pub enum BusError {
 }
 
 /// Server answers to a stream request that no retry changes: the server or account has no
-/// JetStream, or it refuses the settings themselves (replicas it cannot place in any cluster,
-/// subjects another stream holds, limits it will never grant). An operator has to act.
-const PERMANENT_REFUSALS: [ErrorCode; 12] = [
+/// JetStream, or it refuses the settings themselves (replicas it cannot have, subjects another
+/// stream holds). An operator has to act. Capacity refusals (no room for the streams' reserved
+/// bytes, too many streams) are not among them: space freed elsewhere lets the next try
+/// through, so a service waits for it, not ready, and says why.
+const PERMANENT_REFUSALS: [ErrorCode; 7] = [
     ErrorCode::JETSTREAM_NOT_ENABLED,
     ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
     ErrorCode::STREAM_REPLICAS_NOT_SUPPORTED,
@@ -90,11 +92,6 @@ const PERMANENT_REFUSALS: [ErrorCode; 12] = [
     ErrorCode::STREAM_INVALID_CONFIG,
     ErrorCode::STREAM_SUBJECT_OVERLAP,
     ErrorCode::STREAM_MAX_BYTES_REQUIRED,
-    ErrorCode::MAXIMUM_STREAMS_LIMIT,
-    ErrorCode::ACCOUNT_RESOURCES_EXCEEDED,
-    ErrorCode::STORAGE_RESOURCES_EXCEEDED,
-    ErrorCode::MEMORY_RESOURCES_EXCEEDED,
-    ErrorCode::INSUFFICIENT_RESOURCES,
 ];
 
 impl BusError {
@@ -138,8 +135,8 @@ mod tests {
             assert!(is_permanent_refusal(&answer(code)), "{code}");
         }
         // Cluster temporarily unavailable; no peers to place it on yet (a node restarting);
-        // a stream name in use (a replica creating it at the same moment).
-        for code in [10008, 10005, 10058] {
+        // a stream name in use (a replica creating it at the same moment); no room yet.
+        for code in [10008, 10005, 10058, 10023] {
             assert!(!is_permanent_refusal(&answer(code)), "{code}");
         }
         assert!(!is_permanent_refusal(&CreateStreamErrorKind::TimedOut));
