@@ -5,6 +5,8 @@ mod chat;
 mod send;
 mod trim;
 
+use std::process::ExitCode;
+
 use anyhow::{Context as _, bail};
 
 // Under load glibc's malloc and free took about a quarter of the services' CPU (perf during
@@ -37,7 +39,30 @@ fn load<T: serde::de::DeserializeOwned>() -> anyhow::Result<T> {
 /// threads. One thread took 10-15 % less CPU per run in each service (`bench/HISTORY.md`).
 const SERVICE_WORKER_THREADS: usize = 1;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            report(&err);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Says why the process stops: in its log once logging is up (a JSON log stays JSON, so a log
+/// collector shows the cause), on stderr before.
+fn report(err: &anyhow::Error) {
+    if tracing::dispatcher::has_been_set() {
+        tracing::error!(
+            error = format!("{err:#}"),
+            "agentloop stopped by a fatal error"
+        );
+    } else {
+        eprintln!("Error: {err:?}");
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let command = std::env::args()
         .skip(1)
         .scan(false, |skip_next, arg| {

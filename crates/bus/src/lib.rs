@@ -1,10 +1,12 @@
 //! The NATS bus of agentloop: subject names under a configurable prefix, JetStream stream setup
-//! (idempotent, checked against the server), the protobuf/JSON codec on the wire with
-//! `traceparent` headers, and dead-lettering of anything that cannot be processed.
+//! (idempotent, checked against the server; a server that refuses it for good is an error at
+//! once), the protobuf/JSON codec on the wire with `traceparent` headers, and dead-lettering of
+//! anything that cannot be processed ([`DeadLetters`]).
 
 mod acks;
 mod config;
 mod consume;
+mod dead_letters;
 mod error;
 mod in_order;
 mod publish;
@@ -13,6 +15,7 @@ mod subjects;
 pub use acks::Acks;
 pub use config::{BusConfig, redact_url};
 pub use consume::Deliveries;
+pub use dead_letters::DeadLetters;
 pub use error::BusError;
 pub use in_order::InOrder;
 pub use subjects::{StreamKind, Subjects, stream_name};
@@ -24,6 +27,7 @@ use async_nats::jetstream::{self, consumer::PullConsumer};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use agentloop_lifecycle::{Backoff, retry};
 use agentloop_proto::{DecodeError, Encoding};
 
 /// Header naming why a message was dead-lettered.
@@ -34,6 +38,10 @@ pub const HEADER_ORIGINAL_SUBJECT: &str = "Agentloop-Original-Subject";
 pub const HEADER_SERVICE: &str = "Agentloop-Service";
 /// The oldest nats-server this code runs against (older ones drop stream settings silently).
 pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+/// Waiting for NATS at startup: until it answers or the service is stopped.
+const CONNECT_BACKOFF: Backoff = Backoff::new(200, 5_000, u32::MAX);
+/// Asking again for a stream a cluster cannot answer for yet, within `publish_retry_ms`.
+const STREAM_BACKOFF: Backoff = Backoff::new(250, 250, u32::MAX);
 
 /// A connection to NATS and JetStream with agentloop's subjects. Cheap to clone.
 #[derive(Clone)]
@@ -86,6 +94,11 @@ impl Bus {
                 version,
             });
         }
+        if !client.server_info().jetstream {
+            return Err(BusError::JetStreamDisabled {
+                url: config.display_urls(),
+            });
+        }
         let mut js = jetstream::new(client.clone());
         js.set_timeout(Duration::from_millis(config.request_timeout_ms));
         let bus = Self {
@@ -102,32 +115,20 @@ impl Bus {
     /// Connects, retrying with backoff until it succeeds or `shutdown` is cancelled (`None`).
     ///
     /// # Errors
-    /// [`BusError::ServerTooOld`] and [`BusError::InvalidUrl`] at once: retrying cannot fix them.
+    /// A [permanent](BusError::is_permanent) error at once: retrying cannot fix it, and a
+    /// service that waited on it would look alive while it can never work.
     pub async fn connect_retrying(
         config: &BusConfig,
         service: &str,
         shutdown: &CancellationToken,
     ) -> Result<Option<Self>, BusError> {
-        let mut delay = Duration::from_millis(200);
-        loop {
-            match Self::connect(config, service).await {
-                Ok(bus) => return Ok(Some(bus)),
-                Err(
-                    err @ (BusError::ServerTooOld { .. }
-                    | BusError::InvalidUrl { .. }
-                    | BusError::Credentials { .. }),
-                ) => {
-                    return Err(err);
-                }
-                Err(err) => {
-                    tracing::warn!(error = %error_chain(&err), retry_in_ms = delay.as_millis() as u64, "nats not available, retrying");
-                }
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return Ok(None),
-                () = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(Duration::from_secs(5));
+        let connected = retry_transient("nats connect", CONNECT_BACKOFF, || {
+            Self::connect(config, service)
+        });
+        // A stop while waiting for NATS is not an error: there is nothing to drain yet.
+        tokio::select! {
+            () = shutdown.cancelled() => Ok(None),
+            connected = connected => connected.map(Some),
         }
     }
 
@@ -159,21 +160,11 @@ impl Bus {
     /// # Errors
     /// [`BusError::Stream`] when the server refuses a stream.
     pub async fn ensure_streams(&self) -> Result<(), BusError> {
+        // A request lost to a node that died, or a cluster still electing its leaders, is
+        // asked again rather than failing the whole connection; a refusal is final.
+        let patience = STREAM_BACKOFF.within(Duration::from_millis(self.config.publish_retry_ms));
         for kind in StreamKind::ALL {
-            let deadline =
-                tokio::time::Instant::now() + Duration::from_millis(self.config.publish_retry_ms);
-            // A request lost to a node that died, or a cluster still electing its leaders, is
-            // asked again rather than failing the whole connection.
-            loop {
-                match self.ensure_stream(kind).await {
-                    Ok(()) => break,
-                    Err(err) if tokio::time::Instant::now() < deadline => {
-                        tracing::warn!(error = %error_chain(&err), "stream not ready yet, checking again");
-                        tokio::time::sleep(Duration::from_millis(250)).await;
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
+            retry_transient("stream setup", patience, || self.ensure_stream(kind)).await?;
         }
         Ok(())
     }
@@ -295,6 +286,38 @@ fn stream_settings_match(
         && current.discard == wanted.discard
         && current.duplicate_window == wanted.duplicate_window
         && current.num_replicas == wanted.num_replicas
+}
+
+/// Retries `call` under `policy` while its error is not [permanent](BusError::is_permanent).
+async fn retry_transient<T, Fut>(
+    what: &str,
+    policy: Backoff,
+    mut call: impl FnMut() -> Fut,
+) -> Result<T, BusError>
+where
+    Fut: std::future::Future<Output = Result<T, BusError>>,
+{
+    let attempt = || {
+        let attempt = call();
+        async move { attempt.await.map_err(WithCauses) }
+    };
+    retry(
+        what,
+        policy,
+        |err: &WithCauses| !err.0.is_permanent(),
+        attempt,
+    )
+    .await
+    .map_err(|WithCauses(err)| err)
+}
+
+/// A bus error as the retry log shows it: with its causes (a refused connection, a TLS error).
+struct WithCauses(BusError);
+
+impl std::fmt::Display for WithCauses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&error_chain(&self.0))
+    }
 }
 
 /// Decodes a NATS message as `T`, honouring its `Content-Type` header.

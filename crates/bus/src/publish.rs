@@ -4,15 +4,20 @@
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::message::PublishMessage as Publish;
 use bytes::Bytes;
 use serde::Serialize;
 
+use agentloop_lifecycle::{Backoff, retry};
 use agentloop_proto::{Encoding, v1::SystemEvent};
 
 use crate::{
     Bus, BusError, HEADER_ERROR, HEADER_ORIGINAL_SUBJECT, HEADER_SERVICE, error_chain, nuid,
 };
+
+/// Sending a message again that no stream confirmed, within `publish_retry_ms`.
+const PUBLISH_BACKOFF: Backoff = Backoff::new(50, 500, u32::MAX);
 
 impl Bus {
     /// Publishes `msg` to a stream subject and waits until the stream stored it, retrying while
@@ -102,45 +107,27 @@ impl Bus {
     /// the message id makes a retry of a stored message a duplicate the stream drops. Whether
     /// a stream should capture the subject is the caller's knowledge, never inferred from a
     /// "no responders": taking that for "nothing to store" lost replies in a failover.
-    async fn send_confirmed(
-        &self,
-        subject: &str,
-        publish: Publish,
-    ) -> Result<(), async_nats::jetstream::context::PublishError> {
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_millis(self.config.publish_retry_ms);
-        let mut delay = Duration::from_millis(50);
-        let mut attempt = 1_u32;
-        loop {
-            let sent = match self
-                .js
-                .send_publish(subject.to_owned(), publish.clone())
-                .await
-            {
-                Ok(ack) => ack.await.map(drop),
-                Err(e) => Err(e),
-            };
-            let err = match sent {
-                Ok(()) => {
-                    if attempt > 1 {
-                        tracing::info!(subject, attempt, "stream stored the message after retries");
-                    }
-                    return Ok(());
-                }
-                Err(err) => err,
-            };
-            let now = tokio::time::Instant::now();
-            if !publish_retryable(err.kind()) || now + delay > deadline {
-                if publish_retryable(err.kind()) {
-                    tracing::error!(subject, attempt, error = %err, "gave up publishing: no stream stored the message in time");
-                }
-                return Err(err);
-            }
-            tracing::warn!(subject, attempt, error = %err, retry_in_ms = delay.as_millis() as u64, "stream did not store the message, retrying");
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(500));
-            attempt += 1;
+    async fn send_confirmed(&self, subject: &str, publish: Publish) -> Result<(), PublishError> {
+        let patience = PUBLISH_BACKOFF.within(Duration::from_millis(self.config.publish_retry_ms));
+        let stored = retry(
+            subject,
+            patience,
+            |err: &PublishError| publish_retryable(err.kind()),
+            || async {
+                let ack = self
+                    .js
+                    .send_publish(subject.to_owned(), publish.clone())
+                    .await?;
+                ack.await.map(drop)
+            },
+        )
+        .await;
+        if let Err(err) = &stored
+            && publish_retryable(err.kind())
+        {
+            tracing::error!(subject, error = %err, "gave up publishing: no stream stored the message in time");
         }
+        stored
     }
 
     /// Emits a run event (fire and forget: events are for watching, the transcript is the record).

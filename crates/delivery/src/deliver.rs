@@ -7,8 +7,8 @@ use async_nats::jetstream::{self, AckKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, InOrder, StreamKind, error_chain};
-use agentloop_lifecycle::{Counter, Health};
+use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
+use agentloop_lifecycle::{Backoff, Counter, Health, retry};
 use agentloop_proto::{Encoding, v1::OutboundMessage};
 
 use crate::{DeliveryConfig, DeliveryError};
@@ -16,6 +16,10 @@ use crate::{DeliveryConfig, DeliveryError};
 const SERVICE: &str = "delivery";
 /// The model's way of saying nothing should be sent.
 pub(crate) const NO_REPLY: &str = "NO_REPLY";
+
+/// Delivering again in place after a failure: from 100 ms, doubling up to 1 s, for as long as
+/// `bus.publish_retry_ms` allows.
+const DELIVER_AGAIN: Backoff = Backoff::new(100, 1_000, u32::MAX);
 
 /// How many recently delivered replies a replica remembers to absorb redeliveries.
 const RECENT_CAPACITY: usize = 10_000;
@@ -27,14 +31,13 @@ struct Ctx {
     recent: std::sync::Mutex<Recent>,
     /// Per channel: whether a stream captures its deliveries (checked at most every 30 s).
     captured: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, bool)>>,
-    max_deliver: i64,
     delivered: Counter,
     suppressed: Counter,
-    dead_lettered: Counter,
+    dead_letters: DeadLetters,
     /// Acks of handled messages, sent in batches.
     acks: agentloop_bus::Acks,
-    /// How long a failed delivery is retried before the message is handed back to the server.
-    retry_in_place: Duration,
+    /// How a failed delivery is retried before the message is handed back to the server.
+    retry_in_place: Backoff,
 }
 
 pub(crate) async fn serve(
@@ -54,20 +57,16 @@ pub(crate) async fn serve(
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
     let ctx = Arc::new(Ctx {
+        dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
         bus,
         acks,
         recent: std::sync::Mutex::new(Recent::default()),
         captured: std::sync::Mutex::new(std::collections::HashMap::new()),
-        max_deliver: config.bus.max_deliver,
-        retry_in_place: Duration::from_millis(config.bus.publish_retry_ms),
+        retry_in_place: DELIVER_AGAIN.within(Duration::from_millis(config.bus.publish_retry_ms)),
         delivered: health.counter("agentloop_delivery_delivered_total", "Replies delivered."),
         suppressed: health.counter(
             "agentloop_delivery_suppressed_total",
             "Replies suppressed because the model answered NO_REPLY.",
-        ),
-        dead_lettered: health.counter(
-            "agentloop_delivery_dead_letters_total",
-            "Outbound messages dead-lettered.",
         ),
     });
     // A session's replies go out in the order the runner published them, also when one of them
@@ -90,8 +89,7 @@ pub(crate) async fn serve(
         let outbound = match agentloop_bus::decode::<OutboundMessage>(&msg) {
             Ok((outbound, _)) => outbound,
             Err(err) => {
-                ctx.dead_lettered.inc();
-                dead_letter(&ctx, &msg, &error_chain(&err)).await;
+                ctx.dead_letters.reject(&msg, &error_chain(&err)).await;
                 continue;
             }
         };
@@ -138,26 +136,8 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
                 }
                 ctx.acks.ack(msg);
             }
-            Err(reason) => {
-                let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
-                if delivered >= ctx.max_deliver {
-                    ctx.dead_lettered.inc();
-                    dead_letter(
-                        ctx,
-                        &msg,
-                        &format!("gave up after {delivered} deliveries: {reason}"),
-                    )
-                    .await;
-                } else {
-                    // Never acked when not delivered: the server hands it out again.
-                    tracing::warn!(reason, delivered, "delivery failed, will retry");
-                    let _ = msg
-                        .ack_with(AckKind::Nak(Some(Duration::from_millis(
-                            500 * delivered.max(1) as u64,
-                        ))))
-                        .await;
-                }
-            }
+            // Never acked when not delivered: the server hands it out again.
+            Err(reason) => ctx.dead_letters.retry_later(&msg, &reason).await,
         }
     }
     .instrument(span)
@@ -172,48 +152,19 @@ async fn deliver_retrying(
     msg: &jetstream::Message,
     outbound: &OutboundMessage,
 ) -> Result<(), String> {
-    let deadline = tokio::time::Instant::now() + ctx.retry_in_place;
-    let mut delay = Duration::from_millis(100);
-    loop {
-        match deliver(ctx, outbound).await {
-            Ok(()) => return Ok(()),
-            Err(reason) if tokio::time::Instant::now() + delay < deadline => {
-                tracing::warn!(
-                    reason,
-                    retry_in_ms = delay.as_millis() as u64,
-                    "delivery failed, retrying"
-                );
+    retry(
+        "deliver",
+        ctx.retry_in_place,
+        |_| true,
+        || async {
+            let delivered = deliver(ctx, outbound).await;
+            if delivered.is_err() {
                 let _ = msg.ack_with(AckKind::Progress).await;
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
             }
-            Err(reason) => return Err(reason),
-        }
-    }
-}
-
-async fn dead_letter(ctx: &Ctx, msg: &jetstream::Message, reason: &str) {
-    match ctx
-        .bus
-        .dead_letter(
-            SERVICE,
-            &msg.subject,
-            msg.headers.as_ref(),
-            msg.payload.clone(),
-            reason,
-        )
-        .await
-    {
-        Ok(()) => {
-            let _ = msg.ack().await;
-        }
-        Err(err) => {
-            tracing::error!(error = %error_chain(&err), "failed to dead-letter, will retry");
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
-        }
-    }
+            delivered
+        },
+    )
+    .await
 }
 
 /// A bounded set of keys, oldest forgotten first.

@@ -9,7 +9,7 @@ mod deliver;
 
 pub use config::{DeliveryConfig, DeliverySettings};
 
-use agentloop_lifecycle::{AdminServer, Health};
+use agentloop_lifecycle::Health;
 use tokio_util::sync::CancellationToken;
 
 /// What stops delivery (per-message failures are retried or dead-lettered, never returned).
@@ -19,14 +19,8 @@ pub enum DeliveryError {
     #[error("bus setup failed")]
     Bus(#[from] agentloop_bus::BusError),
     /// The admin server could not bind.
-    #[error("failed to bind admin address {addr}")]
-    Admin {
-        /// The address configured.
-        addr: String,
-        /// The bind error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Admin(#[from] agentloop_lifecycle::AdminError),
     /// The consumer's message stream could not be opened.
     #[error("failed to open the outbound message stream")]
     Stream(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -37,22 +31,11 @@ pub enum DeliveryError {
 /// # Errors
 /// Only startup failures.
 pub async fn run(config: DeliveryConfig, shutdown: CancellationToken) -> Result<(), DeliveryError> {
-    let health = Health::new();
-    let addr = config.delivery.admin_listen.clone();
-    let admin = AdminServer::bind(&addr, health.clone())
-        .await
-        .map_err(|source| DeliveryError::Admin { addr, source })?;
-    if let Ok(local) = admin.local_addr() {
-        tracing::info!(admin = %local, "delivery admin endpoints listening");
-    }
-    // Stopped with the service, also when it fails to start: a service that cannot run must
-    // exit with its error, not keep serving "not ready".
-    let admin_stop = shutdown.child_token();
-    let admin_task = tokio::spawn(admin.serve(admin_stop.clone()));
-    let result = serve(config, health, shutdown).await;
-    admin_stop.cancel();
-    let _ = admin_task.await;
-    result
+    let admin_listen = config.delivery.admin_listen.clone();
+    agentloop_lifecycle::run_with_admin("delivery", &admin_listen, shutdown, |health, shutdown| {
+        serve(config, health, shutdown)
+    })
+    .await
 }
 
 /// Delivers replies until `shutdown`, reporting readiness into `health`.

@@ -142,16 +142,7 @@ async fn ask(
 }
 
 async fn keep_bad_request(bus: &Bus, request: &async_nats::Message, reason: &str) {
-    if let Err(err) = bus
-        .dead_letter(
-            SERVICE,
-            request.subject.as_str(),
-            request.headers.as_ref(),
-            request.payload.clone(),
-            reason,
-        )
-        .await
-    {
+    if let Err(err) = bus.dead_letter_message(SERVICE, request, reason).await {
         tracing::error!(error = %error_chain(&err), "failed to dead-letter a bad ask request");
     }
 }

@@ -1,5 +1,6 @@
 //! Process lifecycle shared by every service: layered configuration (defaults < TOML file <
-//! environment), shutdown on SIGINT/SIGTERM, and the health, readiness and metrics endpoints.
+//! environment), shutdown on SIGINT/SIGTERM, the health, readiness and metrics endpoints with a
+//! service run behind them ([`run_with_admin`]), and the one retry policy ([`retry`]).
 
 mod admin;
 mod config;
@@ -7,8 +8,9 @@ mod config_check;
 mod config_env;
 mod config_schema;
 mod health;
+mod retry;
 
-pub use admin::{AdminServer, admin_routes};
+pub use admin::{AdminError, AdminServer, admin_routes, run_with_admin};
 pub use config::{
     ConfigError, MemoryEndpoint, config_path_from_args, list_or_commas, load_config,
     load_config_from, split_commas,
@@ -16,6 +18,7 @@ pub use config::{
 pub use config_check::{UnknownName, UnknownNames};
 pub use config_schema::Schema;
 pub use health::{Counter, Health, Readiness};
+pub use retry::{Backoff, retry};
 
 /// For [`config_schema!`]: the registry it submits to, so that callers need no dependency of
 /// their own.

@@ -22,7 +22,7 @@ pub use store::{
     SessionPatch, Store, Taken,
 };
 
-use agentloop_lifecycle::{AdminServer, Health};
+use agentloop_lifecycle::AdminError;
 use tokio_util::sync::CancellationToken;
 
 /// Binds the admin server (`[memory] admin_listen`, logging its address) and the gRPC server,
@@ -32,29 +32,21 @@ use tokio_util::sync::CancellationToken;
 /// [`MemoryError::Bind`] when an address cannot be bound, or what [`Memory::serve`] returns.
 /// An unreachable database is not an error: the service waits for it, not ready.
 pub async fn run(config: MemoryConfig, shutdown: CancellationToken) -> Result<(), MemoryError> {
-    let health = Health::new();
-    let admin_addr = match config.memory.admin_listen.as_str() {
-        "" => "127.0.0.1:0".to_owned(),
-        addr => addr.to_owned(),
-    };
-    let bind_error = |source| MemoryError::Bind {
-        addr: admin_addr.clone(),
-        source,
-    };
-    let admin = AdminServer::bind(&admin_addr, health.clone())
-        .await
-        .map_err(bind_error)?;
-    let admin_local = admin.local_addr().map_err(bind_error)?;
-    tracing::info!(addr = %admin_local, "memory admin listening (/healthz, /readyz, /metrics)");
-    let memory = Memory::bind(config, health).await?;
-    // The admin server outlives a failed gRPC server only until that failure is returned.
-    let admin_stop = shutdown.child_token();
-    let admin_task = admin.serve(admin_stop.clone());
-    let serve = async {
-        let served = memory.serve(shutdown).await;
-        admin_stop.cancel();
-        served
-    };
-    let ((), served) = tokio::join!(admin_task, serve);
-    served
+    let admin_listen = config.memory.admin_listen.clone();
+    agentloop_lifecycle::run_with_admin(
+        "memory",
+        &admin_listen,
+        shutdown,
+        |health, shutdown| async move { Memory::bind(config, health).await?.serve(shutdown).await },
+    )
+    .await
+}
+
+impl From<AdminError> for MemoryError {
+    fn from(err: AdminError) -> Self {
+        Self::Bind {
+            addr: err.addr,
+            source: err.source,
+        }
+    }
 }

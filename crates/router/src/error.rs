@@ -16,14 +16,8 @@ pub enum RouterError {
         source: agentloop_telemetry::ChannelError,
     },
     /// The admin server could not bind.
-    #[error("failed to bind admin address {addr}")]
-    Admin {
-        /// The address configured.
-        addr: String,
-        /// The bind error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Admin(#[from] agentloop_lifecycle::AdminError),
     /// The consumer's message stream could not be opened.
     #[error("failed to open the inbound message stream")]
     Stream(#[source] Box<dyn std::error::Error + Send + Sync>),

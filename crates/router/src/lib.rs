@@ -10,7 +10,7 @@ pub use agentloop_lifecycle::MemoryEndpoint;
 pub use config::{AgentModel, ModelDefaults, RouterConfig, RouterSettings};
 pub use error::RouterError;
 
-use agentloop_lifecycle::{AdminServer, Health};
+use agentloop_lifecycle::Health;
 use tokio_util::sync::CancellationToken;
 
 /// Runs the router with its own admin server until `shutdown` is cancelled.
@@ -18,22 +18,11 @@ use tokio_util::sync::CancellationToken;
 /// # Errors
 /// Only startup failures; a bad message is dead-lettered, never returned.
 pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> Result<(), RouterError> {
-    let health = Health::new();
-    let addr = config.router.admin_listen.clone();
-    let admin = AdminServer::bind(&addr, health.clone())
-        .await
-        .map_err(|source| RouterError::Admin { addr, source })?;
-    if let Ok(local) = admin.local_addr() {
-        tracing::info!(admin = %local, "router admin endpoints listening");
-    }
-    // Stopped with the service, also when it fails to start: a service that cannot run must
-    // exit with its error, not keep serving "not ready".
-    let admin_stop = shutdown.child_token();
-    let admin_task = tokio::spawn(admin.serve(admin_stop.clone()));
-    let result = serve(config, health, shutdown).await;
-    admin_stop.cancel();
-    let _ = admin_task.await;
-    result
+    let admin_listen = config.router.admin_listen.clone();
+    agentloop_lifecycle::run_with_admin("router", &admin_listen, shutdown, |health, shutdown| {
+        serve(config, health, shutdown)
+    })
+    .await
 }
 
 /// Routes inbound messages until `shutdown`, reporting readiness into `health`.

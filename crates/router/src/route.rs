@@ -9,8 +9,8 @@ use async_nats::jetstream::{self, AckKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, InOrder, StreamKind, error_chain};
-use agentloop_lifecycle::{Counter, Health};
+use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
+use agentloop_lifecycle::{Backoff, Counter, Health, retry};
 use agentloop_proto::v1::{
     ControlMessage, InboundMessage, OutboundMessage, ResolveSessionRequest, RunCommand, Session,
     session_service_client::SessionServiceClient,
@@ -20,6 +20,9 @@ use agentloop_telemetry::TracedChannel;
 use crate::{RouterConfig, RouterError};
 
 const SERVICE: &str = "router";
+/// Publishing a message's run command again after a failure (memory or a stream leader away):
+/// eight retries from 100 ms, doubling up to 2 s.
+const PUBLISH_RUN: Backoff = Backoff::new(100, 2_000, 8);
 
 struct Routed {
     msg: jetstream::Message,
@@ -33,6 +36,7 @@ struct Ctx {
     config: RouterConfig,
     routed: Counter,
     retried: Counter,
+    dead_letters: DeadLetters,
     /// Acks of routed messages, sent in batches.
     acks: agentloop_bus::Acks,
     /// Sessions resolved lately.
@@ -48,10 +52,6 @@ pub(crate) async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), RouterError> {
     let ready = health.component(SERVICE);
-    let dead_lettered = health.counter(
-        "agentloop_router_dead_letters_total",
-        "Inbound messages dead-lettered.",
-    );
     let Some(bus) = agentloop_bus::Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await?
     else {
         return Ok(());
@@ -70,8 +70,10 @@ pub(crate) async fn serve(
     let consumer_ready = health.component(&format!("{SERVICE} consumer"));
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
+    let dead_letters = DeadLetters::new(bus.clone(), SERVICE, &health);
     let ctx = Arc::new(Ctx {
         bus: bus.clone(),
+        dead_letters: dead_letters.clone(),
         acks,
         sessions: SessionServiceClient::new(channel),
         routed: health.counter("agentloop_router_routed_total", "Run commands published."),
@@ -105,8 +107,7 @@ pub(crate) async fn serve(
         let inbound = match decode_and_validate(&bus, &msg) {
             Ok(inbound) => inbound,
             Err(reason) => {
-                dead_lettered.inc();
-                reject(&bus, &msg, &reason).instrument(span).await;
+                dead_letters.reject(&msg, &reason).instrument(span).await;
                 continue;
             }
         };
@@ -150,46 +151,25 @@ fn decode_and_validate(bus: &Bus, msg: &jetstream::Message) -> Result<InboundMes
     Ok(inbound)
 }
 
-async fn reject(bus: &Bus, msg: &jetstream::Message, reason: &str) {
-    match bus
-        .dead_letter(
-            SERVICE,
-            &msg.subject,
-            msg.headers.as_ref(),
-            msg.payload.clone(),
-            reason,
-        )
-        .await
-    {
-        Ok(()) => {
-            let _ = msg.ack().await;
-        }
-        Err(err) => {
-            // Without a stored dead letter the message must come back, not vanish.
-            tracing::error!(error = %error_chain(&err), "failed to dead-letter, will retry");
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
-        }
-    }
-}
-
 async fn route_one(ctx: &Ctx, routed: Routed) {
     let Routed { msg, inbound, .. } = routed;
     // Retried here rather than handed back: a message handed back would lose its place behind
     // the next messages of its session, which must stay in order.
-    let mut delay = Duration::from_millis(100);
-    let mut result = publish_run(ctx, &msg, inbound.clone()).await;
-    for _ in 0..8 {
-        if result.is_ok() {
-            break;
-        }
-        let _ = msg.ack_with(AckKind::Progress).await;
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
-        result = publish_run(ctx, &msg, inbound.clone()).await;
-    }
-    match result {
+    let published = retry(
+        "route",
+        PUBLISH_RUN,
+        |_| true,
+        || async {
+            let published = publish_run(ctx, &msg, inbound.clone()).await;
+            if published.is_err() {
+                // The wait before the next try must not let the message's ack deadline pass.
+                let _ = msg.ack_with(AckKind::Progress).await;
+            }
+            published
+        },
+    )
+    .await;
+    match published {
         Ok(()) => {
             ctx.routed.inc();
             // A redelivery after a crash before this ack is deduplicated by the RunCommand's
@@ -198,19 +178,7 @@ async fn route_one(ctx: &Ctx, routed: Routed) {
         }
         Err(err) => {
             ctx.retried.inc();
-            let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
-            if delivered >= ctx.config.bus.max_deliver {
-                reject(
-                    &ctx.bus,
-                    &msg,
-                    &format!("gave up after {delivered} deliveries: {err}"),
-                )
-                .await;
-            } else {
-                tracing::warn!(error = %err, delivered, "routing failed, message handed back for redelivery");
-                let backoff = Duration::from_millis(250 * 2u64.pow(delivered.clamp(1, 5) as u32));
-                let _ = msg.ack_with(AckKind::Nak(Some(backoff))).await;
-            }
+            ctx.dead_letters.retry_later(&msg, &err).await;
         }
     }
 }

@@ -1,0 +1,147 @@
+//! What a service does with a stream message it cannot process: keeps it as a dead letter with
+//! the reason and acknowledges it, so it is neither lost nor handed out again; when even the
+//! dead letter cannot be stored, hands the message back instead, so it comes again later.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+
+use agentloop_lifecycle::{Backoff, Counter, Health};
+
+use crate::{Bus, BusError, error_chain};
+
+/// How long a message whose dead letter could not be stored waits before it comes back.
+const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
+/// Waits before the next delivery of a message whose handling failed in a way that may pass:
+/// half a second after the first delivery, doubling up to 8 s.
+const REDELIVERY: Backoff = Backoff::new(500, 8_000, u32::MAX);
+
+impl Bus {
+    /// Keeps a received message (its subject, headers and payload) as a dead letter with
+    /// `reason`; see [`Bus::dead_letter`].
+    ///
+    /// # Errors
+    /// [`BusError::Publish`] when the dead letter cannot be stored.
+    pub async fn dead_letter_message(
+        &self,
+        service: &str,
+        msg: &async_nats::Message,
+        reason: &str,
+    ) -> Result<(), BusError> {
+        self.dead_letter(
+            service,
+            msg.subject.as_str(),
+            msg.headers.as_ref(),
+            msg.payload.clone(),
+            reason,
+        )
+        .await
+    }
+}
+
+/// A service's dead letters: each one stored with its reason, acknowledged, and counted in
+/// `agentloop_<service>_dead_letters_total`. Cheap to clone.
+#[derive(Clone)]
+pub struct DeadLetters {
+    bus: Bus,
+    service: &'static str,
+    stored: Counter,
+}
+
+impl DeadLetters {
+    /// Returns the dead letters of `service`, counted in `health`.
+    pub fn new(bus: Bus, service: &'static str, health: &Health) -> Self {
+        let stored = health.counter(
+            &format!("agentloop_{service}_dead_letters_total"),
+            "Messages this service could not process, kept as dead letters.",
+        );
+        Self {
+            bus,
+            service,
+            stored,
+        }
+    }
+
+    /// Dead-letters `msg` with `reason` and acknowledges it. When the dead letter cannot be
+    /// stored, the message is handed back (redelivered after a second) rather than dropped.
+    pub async fn reject(&self, msg: &jetstream::Message, reason: &str) {
+        match self
+            .bus
+            .dead_letter_message(self.service, &msg.message, reason)
+            .await
+        {
+            Ok(()) => {
+                self.stored.inc();
+                tracing::warn!(reason, subject = %msg.subject, "dropped to dlq");
+                let _ = msg.ack().await;
+            }
+            Err(err) => {
+                // Without a stored dead letter the message must come back, not vanish.
+                tracing::error!(error = %error_chain(&err), "failed to dead-letter, will retry");
+                let _ = msg.ack_with(AckKind::Nak(Some(DEAD_LETTER_RETRY))).await;
+            }
+        }
+    }
+
+    /// Hands `msg` back after a failure that may pass, for a later delivery that waits longer
+    /// each time; a message on its last delivery (`bus.max_deliver`) is dead-lettered instead,
+    /// with `reason`.
+    pub async fn retry_later(&self, msg: &jetstream::Message, reason: &str) {
+        let delivered = msg.info().map(|info| info.delivered).unwrap_or(1);
+        match redelivery_delay(delivered, self.bus.config().max_deliver) {
+            Some(delay) => {
+                tracing::warn!(
+                    reason,
+                    delivered,
+                    retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    "handed back for redelivery"
+                );
+                let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+            }
+            None => {
+                let reason = format!("gave up after {delivered} deliveries: {reason}");
+                self.reject(msg, &reason).await;
+            }
+        }
+    }
+}
+
+/// The wait before the next delivery of a message delivered `delivered` times, or `None` when
+/// that was its last (a `max_deliver` below 1 means no limit, as in JetStream).
+fn redelivery_delay(delivered: i64, max_deliver: i64) -> Option<Duration> {
+    if max_deliver > 0 && delivered >= max_deliver {
+        return None;
+    }
+    let retry = u32::try_from(delivered.max(1) - 1).unwrap_or(u32::MAX - 1);
+    REDELIVERY.delay(retry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redeliveries_wait_longer_each_time_until_the_last_delivery() {
+        let waits: Vec<Option<u64>> = (1..=7)
+            .map(|delivered| redelivery_delay(delivered, 7).map(|d| d.as_millis() as u64))
+            .collect();
+        assert_eq!(
+            waits,
+            vec![
+                Some(500),
+                Some(1_000),
+                Some(2_000),
+                Some(4_000),
+                Some(8_000),
+                Some(8_000),
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn without_a_delivery_limit_a_message_is_never_given_up() {
+        assert_eq!(redelivery_delay(1_000, -1), Some(Duration::from_secs(8)));
+        assert_eq!(redelivery_delay(0, 0), Some(Duration::from_millis(500)));
+    }
+}
