@@ -7,26 +7,14 @@ pub enum RunnerError {
     #[error("bus setup failed")]
     Bus(#[from] agentloop_bus::BusError),
     /// `[memory] url` is not a valid URI, or its TLS settings cannot be used.
-    #[error("cannot reach memory at {url}")]
-    MemoryUrl {
-        /// The URL configured.
-        url: String,
-        /// The parser's complaint.
-        #[source]
-        source: agentloop_telemetry::ChannelError,
-    },
+    #[error(transparent)]
+    MemoryUrl(#[from] agentloop_lifecycle::MemoryEndpointError),
     /// The model client could not be built.
     #[error("invalid model configuration")]
     Models(#[from] agentloop_model::ModelError),
     /// The admin server could not bind.
-    #[error("failed to bind admin address {addr}")]
-    Admin {
-        /// The address configured.
-        addr: String,
-        /// The bind error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Admin(#[from] agentloop_lifecycle::AdminError),
     /// The consumer's message stream could not be opened.
     #[error("failed to open the run command stream")]
     Stream(#[source] Box<dyn std::error::Error + Send + Sync>),

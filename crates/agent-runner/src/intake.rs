@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream;
 
 use agentloop_proto::v1::{
     ClaimSessionRequest, ControlMessage, EnqueueRequest, InboxRow, RunCommand, TakeNextResponse,
@@ -14,7 +14,7 @@ use agentloop_proto::{ControlAction, InboxKind, QueueMode};
 
 use crate::error::MemoryCallError;
 use crate::owner;
-use crate::replica::{Replica, reject};
+use crate::replica::Replica;
 
 /// The inbox kind of `command`: its own queue mode, else its session's (both set by the
 /// router), else its agent's default; `user` when none has one.
@@ -60,13 +60,13 @@ pub(crate) async fn take_in(replica: &Arc<Replica>, msg: jetstream::Message, com
             response
         }
         Err(MemoryCallError::Refused(reason)) => {
-            reject(replica, &msg, &reason).await;
+            replica.dead_letters.reject(&msg, &reason).await;
             return;
         }
         Err(err) => {
-            tracing::warn!(error = %err, "enqueue failed, command handed back for redelivery");
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+            replica
+                .dead_letters
+                .retry_later(&msg, &format!("enqueue failed: {err}"))
                 .await;
             return;
         }

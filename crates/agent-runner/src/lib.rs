@@ -8,6 +8,7 @@
 
 mod acks;
 mod admission;
+mod backoff;
 mod config;
 mod control;
 mod error;
@@ -20,7 +21,6 @@ mod owner;
 mod prompt;
 mod queue_full;
 mod replica;
-mod retry;
 mod run;
 mod service;
 mod signals;
@@ -43,7 +43,7 @@ pub struct Extensions {
     pub hooks: Vec<Arc<dyn Hook>>,
 }
 
-use agentloop_lifecycle::{AdminServer, Health};
+use agentloop_lifecycle::Health;
 use tokio_util::sync::CancellationToken;
 
 /// Runs the runner with its own admin server until `shutdown` is cancelled.
@@ -63,22 +63,11 @@ pub async fn run_with(
     shutdown: CancellationToken,
     extensions: Extensions,
 ) -> Result<(), RunnerError> {
-    let health = Health::new();
-    let addr = config.runner.admin_listen.clone();
-    let admin = AdminServer::bind(&addr, health.clone())
-        .await
-        .map_err(|source| RunnerError::Admin { addr, source })?;
-    if let Ok(local) = admin.local_addr() {
-        tracing::info!(admin = %local, "runner admin endpoints listening");
-    }
-    // Stopped with the service, also when it fails to start: a service that cannot run must
-    // exit with its error, not keep serving "not ready".
-    let admin_stop = shutdown.child_token();
-    let admin_task = tokio::spawn(admin.serve(admin_stop.clone()));
-    let result = serve_with(config, health, shutdown, extensions).await;
-    admin_stop.cancel();
-    let _ = admin_task.await;
-    result
+    let admin_listen = config.runner.admin_listen.clone();
+    agentloop_lifecycle::run_with_admin("runner", &admin_listen, shutdown, |health, shutdown| {
+        serve_with(config, health, shutdown, extensions)
+    })
+    .await
 }
 
 /// Runs sessions until `shutdown`, reporting readiness into `health`.

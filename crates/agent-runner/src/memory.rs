@@ -1,6 +1,6 @@
 //! The memory service as the runner calls it: one method per call, typed requests in and typed
 //! answers out. Calls the owner loop cannot do without are retried by one policy (transient
-//! failures with backoff, see [`Backoff::MEMORY`]; a lost lease or a refused request never);
+//! failures with backoff, see [`backoff::MEMORY`]; a lost lease or a refused request never);
 //! calls that are repeated anyway (lease renewal, the sweep, cooldown bookkeeping) are tried
 //! once and their caller decides.
 
@@ -16,7 +16,9 @@ use agentloop_proto::v1::{
 use agentloop_telemetry::TracedChannel;
 
 use crate::error::MemoryCallError;
-use crate::retry::{Backoff, retry};
+use agentloop_lifecycle::retry;
+
+use crate::backoff;
 
 type Grpc = SessionServiceClient<TracedChannel>;
 
@@ -46,7 +48,7 @@ impl MemoryClient {
         Req: Clone,
     {
         let rpc = &rpc;
-        retry(what, Backoff::MEMORY, MemoryCallError::is_transient, || {
+        retry(what, backoff::MEMORY, MemoryCallError::is_transient, || {
             let mut grpc = self.grpc.clone();
             let request = request.clone();
             async move {

@@ -8,9 +8,9 @@ use tracing::Instrument as _;
 
 use agentloop_proto::v1::{TakeNextRequest, TakeNextResponse};
 
+use crate::backoff;
 use crate::error::MemoryCallError;
 use crate::replica::Replica;
-use crate::retry::Backoff;
 use crate::run;
 use crate::signals::SessionSignals;
 
@@ -186,7 +186,7 @@ async fn owner_loop(
 /// Waits before the owner's next try after a failed step; `false` once the failures have
 /// lasted too long to keep holding the session.
 async fn pause(failures: &mut u32) -> bool {
-    match Backoff::OWNER.delay(*failures) {
+    match backoff::OWNER.delay(*failures) {
         Some(delay) => {
             *failures += 1;
             tokio::time::sleep(delay).await;

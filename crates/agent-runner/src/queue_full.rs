@@ -10,8 +10,10 @@ use agentloop_proto::v1::{OutboundMessage, RunCommand};
 use agentloop_proto::{EventPhase, RunMessage, run_msg_id};
 
 use crate::events::RunEvents;
-use crate::replica::{Replica, reject};
-use crate::retry::{Backoff, retry};
+use crate::replica::Replica;
+use agentloop_lifecycle::retry;
+
+use crate::backoff;
 
 /// The prefix of the dead-letter reason, for operators filtering the dead-letter stream.
 pub(crate) const REASON_PREFIX: &str = "QUEUE_FULL:";
@@ -83,7 +85,7 @@ pub(crate) async fn refuse(
     let msg_id = run_msg_id(&run_id, RunMessage::QueueFull);
     let published = retry(
         "publish_queue_full",
-        Backoff::PUBLISH,
+        backoff::PUBLISH,
         |_| true,
         || {
             replica
@@ -95,7 +97,10 @@ pub(crate) async fn refuse(
     if let Err(err) = published {
         tracing::error!(error = %agentloop_bus::error_chain(&err), "could not tell the user the session's inbox is full");
     }
-    reject(replica, &msg, &dead_letter_reason(&command.session_id, cap)).await;
+    replica
+        .dead_letters
+        .reject(&msg, &dead_letter_reason(&command.session_id, cap))
+        .await;
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::Semaphore;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use agentloop_bus::Bus;
+use agentloop_bus::{Bus, DeadLetters};
 use agentloop_lifecycle::Counter;
 use agentloop_model::{ModelClient, ModelsConfig};
 use agentloop_proto::v1::Entry;
@@ -54,6 +54,8 @@ pub(crate) struct Replica {
     /// session back, so another replica resumes it from its last persisted step.
     pub(crate) abandon: CancellationToken,
     pub(crate) metrics: Metrics,
+    /// Run commands that cannot be run: stored with the reason, acknowledged, counted.
+    pub(crate) dead_letters: DeadLetters,
     /// Acknowledges run commands once their inbox rows are on disk.
     pub(crate) acks: AckSender,
     /// The transcript windows of recent sessions.
@@ -65,7 +67,6 @@ pub(crate) struct Metrics {
     pub(crate) runs_completed: Counter,
     pub(crate) runs_failed: Counter,
     pub(crate) claims: Counter,
-    pub(crate) dead_letters: Counter,
 }
 
 /// The parts of a replica made before it (connections, counters, extensions).
@@ -77,6 +78,7 @@ pub(crate) struct Parts {
     pub(crate) local_tools: Vec<Arc<dyn Tool>>,
     pub(crate) hooks: Hooks,
     pub(crate) metrics: Metrics,
+    pub(crate) dead_letters: DeadLetters,
     pub(crate) acks: AckSender,
 }
 
@@ -112,6 +114,7 @@ impl Replica {
             stopping: CancellationToken::new(),
             abandon: CancellationToken::new(),
             metrics: parts.metrics,
+            dead_letters: parts.dead_letters,
             acks: parts.acks,
             histories: Mutex::new(HistoryCache::new(
                 config.runner.history_cache_entries,
@@ -189,33 +192,5 @@ impl Replica {
         let full: Vec<HistoryEntry> = full.entries.into_iter().map(Into::into).collect();
         let entries = lock(&self.histories).merge(session_id, 0, full.clone(), false);
         Ok(entries.unwrap_or_else(|| Arc::new(full)))
-    }
-}
-
-/// Dead-letters a command with the reason and acks it; naks it when the dead-letter failed.
-pub(crate) async fn reject(replica: &Replica, msg: &async_nats::jetstream::Message, reason: &str) {
-    replica.metrics.dead_letters.inc();
-    let kept = replica
-        .bus
-        .dead_letter(
-            SERVICE,
-            &msg.subject,
-            msg.headers.as_ref(),
-            msg.payload.clone(),
-            reason,
-        )
-        .await;
-    match kept {
-        Ok(()) => {
-            let _ = msg.ack().await;
-        }
-        Err(err) => {
-            tracing::error!(error = %agentloop_bus::error_chain(&err), "failed to dead-letter, will retry");
-            let _ = msg
-                .ack_with(async_nats::jetstream::AckKind::Nak(Some(
-                    std::time::Duration::from_secs(1),
-                )))
-                .await;
-        }
     }
 }

@@ -8,7 +8,7 @@ use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, InOrder, StreamKind, error_chain};
+use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::Health;
 use agentloop_model::ModelClient;
 use agentloop_proto::v1::RunCommand;
@@ -16,7 +16,7 @@ use agentloop_proto::v1::RunCommand;
 use crate::admission::Admission;
 use crate::hooks::Hooks;
 use crate::memory::MemoryClient;
-use crate::replica::{Metrics, Parts, Replica, SERVICE, reject};
+use crate::replica::{Metrics, Parts, Replica, SERVICE};
 use crate::tools::{CurrentTime, SendMessage, SessionHistory, Tool, remote::Admit};
 use crate::{Extensions, RunnerConfig, RunnerError, control, intake};
 
@@ -29,13 +29,7 @@ pub(crate) async fn serve(
 ) -> Result<(), RunnerError> {
     let ready = health.component(SERVICE);
     let models = ModelClient::new(&config.models)?;
-    let channel = config
-        .memory
-        .channel()
-        .map_err(|source| RunnerError::MemoryUrl {
-            url: config.memory.url.clone(),
-            source,
-        })?;
+    let channel = config.memory.channel()?;
     let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
         return Ok(());
     };
@@ -64,6 +58,7 @@ pub(crate) async fn serve(
             owner_id: owner_id(&config),
             local_tools,
             metrics: metrics(&health),
+            dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
             acks,
         },
     ));
@@ -84,6 +79,7 @@ pub(crate) async fn serve(
     let sweeper = tokio::spawn(intake::sweep(replica.clone()));
     let controls = control::listen(replica.clone()).await?;
     let admission = Admission::new(&config);
+    let dead_letters = &replica.dead_letters;
     let discovered = replica
         .remote_tools
         .discover(
@@ -104,16 +100,18 @@ pub(crate) async fn serve(
         };
         let command = match agentloop_bus::decode::<RunCommand>(&msg) {
             Ok((command, _)) if command.session_id.is_empty() => {
-                reject(&replica, &msg, "run command has no session_id").await;
+                dead_letters
+                    .reject(&msg, "run command has no session_id")
+                    .await;
                 continue;
             }
             Ok((command, _)) if let Err(refusal) = admission.check(&command) => {
-                reject(&replica, &msg, &refusal.to_string()).await;
+                dead_letters.reject(&msg, &refusal.to_string()).await;
                 continue;
             }
             Ok((command, _)) => command,
             Err(err) => {
-                reject(&replica, &msg, &error_chain(&err)).await;
+                dead_letters.reject(&msg, &error_chain(&err)).await;
                 continue;
             }
         };
@@ -167,10 +165,6 @@ fn metrics(health: &Health) -> Metrics {
         claims: health.counter(
             "agentloop_runner_session_claims_total",
             "Session leases taken by this replica.",
-        ),
-        dead_letters: health.counter(
-            "agentloop_runner_dead_letters_total",
-            "Run commands dead-lettered.",
         ),
     }
 }

@@ -25,14 +25,8 @@ pub enum GatewayError {
         source: async_nats::SubscribeError,
     },
     /// `[memory] url` is not a valid URI, or its TLS settings cannot be used.
-    #[error("cannot reach memory at {url}")]
-    MemoryUrl {
-        /// The configured URL.
-        url: String,
-        /// The parse error.
-        #[source]
-        source: agentloop_telemetry::ChannelError,
-    },
+    #[error(transparent)]
+    MemoryUrl(#[from] agentloop_lifecycle::MemoryEndpointError),
     /// A token is a placeholder (`CHANGE_ME`, the development token) outside dev mode.
     #[error(
         "gateway.tokens holds the placeholder token {token:?}: set a real secret, or \

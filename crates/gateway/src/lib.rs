@@ -68,11 +68,7 @@ impl Gateway {
             return Err(GatewayError::InvalidToken { principal, reason });
         }
         let guard = Guard::new(&config.gateway)?;
-        let url = config.memory.url.clone();
-        let channel = config
-            .memory
-            .channel()
-            .map_err(|source| GatewayError::MemoryUrl { url, source })?;
+        let channel = config.memory.channel()?;
         let addr = config.gateway.listen.clone();
         let listener = tokio::net::TcpListener::bind(&addr)
             .await

@@ -94,10 +94,8 @@ impl MemoryEndpoint {
     /// TLS, with traces propagated.
     ///
     /// # Errors
-    /// [`agentloop_telemetry::ChannelError`] when a setting cannot be used.
-    pub fn channel(
-        &self,
-    ) -> Result<agentloop_telemetry::TracedChannel, agentloop_telemetry::ChannelError> {
+    /// [`MemoryEndpointError`] when a setting cannot be used.
+    pub fn channel(&self) -> Result<agentloop_telemetry::TracedChannel, MemoryEndpointError> {
         agentloop_telemetry::traced_channel_tls(
             &self.url,
             &self.secret,
@@ -106,7 +104,22 @@ impl MemoryEndpoint {
                 domain: &self.tls_domain,
             },
         )
+        .map_err(|source| MemoryEndpointError {
+            url: self.url.clone(),
+            source,
+        })
     }
+}
+
+/// `[memory] url` is not a valid URI, or its TLS settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach memory at {url}")]
+pub struct MemoryEndpointError {
+    /// The URL configured.
+    pub url: String,
+    /// What is wrong with the settings.
+    #[source]
+    pub source: agentloop_telemetry::ChannelError,
 }
 
 impl std::fmt::Debug for MemoryEndpoint {

@@ -7,14 +7,8 @@ pub enum RouterError {
     #[error("bus setup failed")]
     Bus(#[from] agentloop_bus::BusError),
     /// `[memory] url` is not a valid URI, or its TLS settings cannot be used.
-    #[error("cannot reach memory at {url}")]
-    MemoryUrl {
-        /// The URL configured.
-        url: String,
-        /// The parser's complaint.
-        #[source]
-        source: agentloop_telemetry::ChannelError,
-    },
+    #[error(transparent)]
+    MemoryUrl(#[from] agentloop_lifecycle::MemoryEndpointError),
     /// The admin server could not bind.
     #[error(transparent)]
     Admin(#[from] agentloop_lifecycle::AdminError),

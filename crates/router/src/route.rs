@@ -56,13 +56,7 @@ pub(crate) async fn serve(
     else {
         return Ok(());
     };
-    let channel = config
-        .memory
-        .channel()
-        .map_err(|source| RouterError::MemoryUrl {
-            url: config.memory.url.clone(),
-            source,
-        })?;
+    let channel = config.memory.channel()?;
     let mut messages = bus
         .deliveries(StreamKind::Inbound, &config.router.consumer)
         .await?;

@@ -10,7 +10,9 @@ use agentloop_proto::{RunMessage, RunStatus, run_msg_id};
 
 use super::{Outcome, RunCtx};
 use crate::hooks::HookPoint;
-use crate::retry::{Backoff, retry};
+use agentloop_lifecycle::retry;
+
+use crate::backoff;
 use crate::tools::SentMessage;
 
 /// What the user reads for a run that ended with `status`.
@@ -90,7 +92,7 @@ impl RunCtx<'_> {
         let msg_id = run_msg_id(&self.run.id, message);
         let published = retry(
             "publish_reply",
-            Backoff::PUBLISH,
+            backoff::PUBLISH,
             |_| true,
             || bus.publish_durable(subject.clone(), &reply, Some(&msg_id)),
         )

@@ -9,7 +9,9 @@ use agentloop_proto::{RunMessage, RunStatus};
 use super::{Owner, RunCtx, RunState, finish};
 use crate::error::MemoryCallError;
 use crate::replica::SERVICE;
-use crate::retry::{Backoff, retry};
+use agentloop_lifecycle::retry;
+
+use crate::backoff;
 
 /// Attempts after which a run that keeps failing is set aside instead of tried again; a crash
 /// or a lost lease costs one attempt, so this leaves room for several of them.
@@ -67,7 +69,7 @@ impl RunCtx<'_> {
         let reason = format!("run {}: {why}", self.run.id);
         let kept = retry(
             "dead_letter",
-            Backoff::PUBLISH,
+            backoff::PUBLISH,
             |_| true,
             || {
                 self.replica.bus.dead_letter(
