@@ -179,7 +179,7 @@ impl Bus {
             run_id: id.clone(),
             session_id: "dlq".to_owned(),
             seq: 1,
-            stream: "error".to_owned(),
+            stream: agentloop_proto::EventStream::Error.as_str().to_owned(),
             phase: "error".to_owned(),
             data: serde_json::json!({
                 "error": reason,

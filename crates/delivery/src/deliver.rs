@@ -116,8 +116,8 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
     let span = tracing::info_span!("deliver", subject = %msg.subject, run_id = %outbound.run_id, session_key = %outbound.session_key);
     agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
     async {
-        let key = (outbound.r#final && !outbound.run_id.is_empty())
-            .then(|| format!("{}:{}", outbound.run_id, outbound.error.is_empty()));
+        let key =
+            (outbound.r#final && !outbound.run_id.is_empty()).then(|| delivered_id(&outbound));
         if let Some(key) = &key
             && ctx.recent.lock().is_ok_and(|recent| recent.contains(key))
         {
@@ -238,8 +238,8 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
     if captured(ctx, &outbound.channel).await? {
         // A stream keeps this channel's deliveries: stored means delivered, and a retry after
         // a lost confirmation carries the same id, so the stream keeps one copy.
-        let msg_id = (outbound.r#final && !outbound.run_id.is_empty())
-            .then(|| format!("{}:deliver:{}", outbound.run_id, outbound.error.is_empty()));
+        let msg_id =
+            (outbound.r#final && !outbound.run_id.is_empty()).then(|| delivered_id(outbound));
         ctx.bus
             .publish_confirmed(subject, outbound, Encoding::Json, msg_id.as_deref())
             .await
@@ -287,6 +287,15 @@ async fn captured(ctx: &Ctx, channel: &str) -> Result<bool, String> {
         cache.insert(channel.to_owned(), (std::time::Instant::now(), captured));
     }
     Ok(captured)
+}
+
+/// The id of a final reply's delivery: one per run and outcome, so a redelivered reply is
+/// absorbed while an error reply after a set-aside still goes out.
+fn delivered_id(outbound: &OutboundMessage) -> String {
+    agentloop_proto::run_msg_id(
+        &outbound.run_id,
+        agentloop_proto::RunMessage::Delivered(outbound.error.is_empty()),
+    )
 }
 
 #[cfg(test)]

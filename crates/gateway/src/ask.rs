@@ -124,7 +124,7 @@ async fn ask(
         inbound.received_at = Some(agentloop_proto::now());
     }
     let msg_id = (!inbound.idempotency_key.is_empty())
-        .then(|| format!("{}:{}", inbound.session_key, inbound.idempotency_key));
+        .then(|| agentloop_proto::inbound_msg_id(&inbound.session_key, &inbound.idempotency_key));
     bus.publish_durable(
         bus.subjects().inbound(&inbound.channel),
         &inbound,

@@ -13,6 +13,7 @@ use futures::StreamExt as _;
 use tokio::time::Instant;
 
 use agentloop_bus::{Bus, error_chain};
+use agentloop_proto::RunStatus;
 use agentloop_proto::v1::{
     BeginDispatchRequest, Caller, CompleteDispatchRequest, Dispatch, GetDispatchRequest,
     InboundMessage, OutboundMessage, SystemEvent, session_service_client::SessionServiceClient,
@@ -155,7 +156,7 @@ pub(crate) async fn submit(
         })?
         .into_inner();
     let session_id = record.session_id.clone();
-    let msg_id = format!("{}:{}", inbound.session_key, idempotency_key);
+    let msg_id = agentloop_proto::inbound_msg_id(&inbound.session_key, &idempotency_key);
     let inbound_subject = bus.subjects().inbound(&inbound.channel);
     let follow = if record.created {
         // Subscribe before publishing so neither a fast event nor a fast reply slips past.
@@ -280,7 +281,7 @@ where
                     continue;
                 }
                 seen = true;
-                ended = event.stream == "lifecycle" && (event.phase == "end" || event.phase == "error");
+                ended = event.ends_run();
                 on_event(event).await;
             }
             next = replies.next() => {
@@ -376,7 +377,7 @@ async fn wait_for_record(sessions: &Sessions, run_handle: &str, deadline: Instan
             if let Some(finished) = stored_answer(&record) {
                 return finished;
             }
-            if !record.run_status.is_empty() && record.run_status != "running" {
+            if record.run_status.parse::<RunStatus>().is_ok() {
                 // The run is over but no gateway stored its reply yet; give the one that
                 // follows it a moment, then answer from the run itself.
                 let since = *run_ended_at.get_or_insert_with(Instant::now);
@@ -413,7 +414,7 @@ fn stored_answer(record: &Dispatch) -> Option<Finished> {
 }
 
 fn answer_from_run(record: &Dispatch) -> Finished {
-    let ok = record.run_status == "completed";
+    let ok = record.run_status.parse() == Ok(RunStatus::Completed);
     Finished {
         status: if ok { EndStatus::Ok } else { EndStatus::Error },
         text: record.run_answer.clone(),

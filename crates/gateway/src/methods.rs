@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use agentloop_proto::v1::SystemEvent;
+use agentloop_proto::{EventPhase, EventStream};
 
 use crate::dispatch::{self, Finished, Submission};
 use crate::frames::{Outgoing, err, ok};
@@ -295,11 +296,13 @@ async fn chat_send(
     let finished = accepted
         .finish(|event| {
             let out_tx = out_tx.clone();
-            let payload = (event.stream == "assistant" && event.phase == "delta").then(|| {
-                text.push_str(&event.delta);
-                json!({"runId": handle, "sessionKey": session_key, "state": "delta",
+            let payload = event
+                .is(EventStream::Assistant, EventPhase::Delta)
+                .then(|| {
+                    text.push_str(&event.delta);
+                    json!({"runId": handle, "sessionKey": session_key, "state": "delta",
                        "delta": event.delta, "text": text})
-            });
+                });
             async move {
                 if let Some(payload) = payload {
                     let _ = out_tx

@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
+use agentloop_proto::{EventPhase, EventStream};
 use axum::{
     Json,
     extract::{ConnectInfo, State},
@@ -257,10 +258,12 @@ async fn complete(
             .finish(|event| {
                 let tx = tx.clone();
                 // Only the assistant's text is content: tool activity never leaks into it.
-                let data = (event.stream == "assistant" && event.phase == "delta").then(|| {
-                    streamed.push_str(&event.delta);
-                    chunk(json!({"content": event.delta}), None).to_string()
-                });
+                let data = event
+                    .is(EventStream::Assistant, EventPhase::Delta)
+                    .then(|| {
+                        streamed.push_str(&event.delta);
+                        chunk(json!({"content": event.delta}), None).to_string()
+                    });
                 async move {
                     if let Some(data) = data {
                         let _ = tx.send(Event::default().data(data)).await;

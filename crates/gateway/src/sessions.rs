@@ -119,7 +119,7 @@ pub(crate) async fn chat_abort(
     let bus = state.bus()?;
     let control = ControlMessage {
         session_id: session_id.clone(),
-        action: "abort".into(),
+        action: agentloop_proto::ControlAction::Abort.as_str().into(),
         reason: "chat.abort".into(),
     };
     bus.publish_fast(

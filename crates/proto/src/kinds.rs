@@ -204,6 +204,19 @@ words! {
     }
 }
 
+impl crate::v1::SystemEvent {
+    /// Whether this is the event `phase` of `stream`.
+    pub fn is(&self, stream: EventStream, phase: EventPhase) -> bool {
+        self.stream == stream.as_str() && self.phase == phase.as_str()
+    }
+
+    /// Whether this event ends its run: lifecycle `end` or `error`.
+    pub fn ends_run(&self) -> bool {
+        self.is(EventStream::Lifecycle, EventPhase::End)
+            || self.is(EventStream::Lifecycle, EventPhase::Error)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +257,20 @@ mod tests {
         assert_eq!(serde_json::to_string(&mode).unwrap(), "\"collect\"");
         let err = serde_json::from_str::<QueueMode>("\"later\"").unwrap_err();
         assert!(err.to_string().contains("unknown queue mode"), "{err}");
+    }
+
+    #[test]
+    fn a_run_ends_with_its_lifecycle_end_or_error_only() {
+        let event = |stream: &str, phase: &str| crate::v1::SystemEvent {
+            stream: stream.to_owned(),
+            phase: phase.to_owned(),
+            ..Default::default()
+        };
+        assert!(event("lifecycle", "end").ends_run());
+        assert!(event("lifecycle", "error").ends_run());
+        assert!(!event("lifecycle", "start").ends_run());
+        assert!(!event("tool", "end").ends_run());
+        assert!(event("assistant", "delta").is(EventStream::Assistant, EventPhase::Delta));
     }
 
     #[test]

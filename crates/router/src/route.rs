@@ -233,9 +233,9 @@ async fn publish_run(
             metadata
         },
         received_at: inbound.received_at.or_else(|| Some(agentloop_proto::now())),
-        message_id: format!("{}-{}", session.id, idempotency_key),
+        message_id: agentloop_proto::run_command_msg_id(&session.id, &idempotency_key),
     };
-    let msg_id = format!("{}:{}", session.id, idempotency_key);
+    let msg_id = command.message_id.clone();
     ctx.bus
         .publish_durable(ctx.bus.subjects().run(&session.id), &command, Some(&msg_id))
         .await
@@ -283,7 +283,7 @@ async fn resolve(ctx: &Ctx, inbound: &InboundMessage) -> Result<Session, String>
 async fn stop(ctx: &Ctx, session_id: &str, inbound: InboundMessage) -> Result<(), String> {
     let abort = ControlMessage {
         session_id: session_id.to_owned(),
-        action: "abort".to_owned(),
+        action: agentloop_proto::ControlAction::Abort.as_str().to_owned(),
         reason: "/stop".to_owned(),
     };
     ctx.bus
