@@ -9,6 +9,12 @@ pub fn inbound_msg_id(session_key: &str, idempotency_key: &str) -> String {
     format!("{session_key}:{idempotency_key}")
 }
 
+/// The idempotency key of an inbound message that came without one: its position in the inbound
+/// stream, which a redelivery keeps.
+pub fn stream_idempotency_key(stream_sequence: u64) -> String {
+    format!("inbound-{stream_sequence}")
+}
+
 /// The message id of a RunCommand: one per (session, idempotency key).
 pub fn run_command_msg_id(session_id: &str, idempotency_key: &str) -> String {
     format!("{session_id}:{idempotency_key}")

@@ -186,7 +186,7 @@ async fn publish_run(
     // A message without a client key is keyed by its stream position, which a redelivery keeps.
     let idempotency_key = if inbound.idempotency_key.is_empty() {
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-        format!("inbound-{seq}")
+        agentloop_proto::stream_idempotency_key(seq)
     } else {
         inbound.idempotency_key.clone()
     };
