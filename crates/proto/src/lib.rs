@@ -9,7 +9,8 @@ mod run_id;
 mod validate;
 
 pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
-pub use ids::{EntryKey, RunMessage, entry_key, inbound_msg_id, run_command_msg_id, run_msg_id,
+pub use ids::{
+    EntryKey, RunMessage, entry_key, inbound_msg_id, run_command_msg_id, run_msg_id,
     stream_idempotency_key,
 };
 pub use kinds::{
