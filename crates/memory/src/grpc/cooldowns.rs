@@ -2,7 +2,8 @@
 
 use agentloop_proto::v1 as pb;
 
-use super::{SessionApi, timestamp};
+use super::SessionApi;
+use super::convert::{require, timestamp};
 use crate::MemoryError;
 use crate::store::cooldowns::Cooldown;
 
@@ -16,30 +17,25 @@ fn message(cooldown: Cooldown) -> pb::ProfileCooldown {
     }
 }
 
-fn required(field: &str, value: &str) -> Result<(), MemoryError> {
-    if value.is_empty() {
-        return Err(MemoryError::InvalidArgument(format!("{field} is required")));
-    }
-    Ok(())
-}
-
+/// `GetCooldowns`: the provider's auth profiles cooling down now.
 pub(super) async fn get(
     api: &SessionApi,
     req: pb::GetCooldownsRequest,
 ) -> Result<pb::GetCooldownsResponse, MemoryError> {
-    required("provider", &req.provider)?;
+    require("provider", &req.provider)?;
     let cooldowns = api.store()?.active_cooldowns(&req.provider).await?;
     Ok(pb::GetCooldownsResponse {
         cooldowns: cooldowns.into_iter().map(message).collect(),
     })
 }
 
+/// `ReportProfileFailure`: counts a profile's failure and lengthens its cooldown.
 pub(super) async fn failure(
     api: &SessionApi,
     req: pb::ReportProfileFailureRequest,
 ) -> Result<pb::ProfileCooldown, MemoryError> {
-    required("provider", &req.provider)?;
-    required("profile", &req.profile)?;
+    require("provider", &req.provider)?;
+    require("profile", &req.profile)?;
     let cooldown = api
         .store()?
         .report_profile_failure(
@@ -53,12 +49,13 @@ pub(super) async fn failure(
     Ok(message(cooldown))
 }
 
+/// `ReportProfileSuccess`: forgets a profile's failures.
 pub(super) async fn success(
     api: &SessionApi,
     req: pb::ReportProfileSuccessRequest,
 ) -> Result<pb::ReportProfileSuccessResponse, MemoryError> {
-    required("provider", &req.provider)?;
-    required("profile", &req.profile)?;
+    require("provider", &req.provider)?;
+    require("profile", &req.profile)?;
     api.store()?
         .report_profile_success(&req.provider, &req.profile)
         .await?;

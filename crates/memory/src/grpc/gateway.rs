@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use agentloop_proto::v1 as pb;
 
-use super::{SessionApi, parse_id, timestamp};
+use super::SessionApi;
+use super::convert::{parse_id, require, timestamp};
 use crate::MemoryError;
 use crate::store::{Caller, Dispatch, DispatchLookup, SessionInfo, SessionPatch};
 
@@ -17,6 +18,7 @@ const DEFAULT_DISPATCH_TTL: Duration = Duration::from_secs(24 * 3600);
 const THINKING_LEVELS: [&str; 6] = ["off", "minimal", "low", "medium", "high", "xhigh"];
 
 impl SessionApi {
+    /// `ListSessions`: the sessions the caller sees, filtered by agent and key when set.
     pub(super) async fn list_sessions_rpc(
         &self,
         req: pb::ListSessionsRequest,
@@ -36,6 +38,7 @@ impl SessionApi {
         })
     }
 
+    /// `ResetSession`: clears a session's transcript.
     pub(super) async fn reset_session_rpc(
         &self,
         req: pb::ResetSessionRequest,
@@ -48,6 +51,7 @@ impl SessionApi {
         Ok(session_info(session))
     }
 
+    /// `PatchSession`: changes a session's settings, checked against their vocabularies.
     pub(super) async fn patch_session_rpc(
         &self,
         req: pb::PatchSessionRequest,
@@ -77,6 +81,7 @@ impl SessionApi {
         Ok(session_info(session))
     }
 
+    /// `BeginDispatch`: records a client request, or answers the live record of its keys.
     pub(super) async fn begin_dispatch_rpc(
         &self,
         req: pb::BeginDispatchRequest,
@@ -117,6 +122,7 @@ impl SessionApi {
         Ok(message)
     }
 
+    /// `GetDispatch`: a live dispatch record with its run, by run or by keys.
     pub(super) async fn get_dispatch_rpc(
         &self,
         req: pb::GetDispatchRequest,
@@ -139,6 +145,7 @@ impl SessionApi {
         Ok(record.map(dispatch_message).unwrap_or_default())
     }
 
+    /// `CompleteDispatch`: stores a dispatch's first answer.
     pub(super) async fn complete_dispatch_rpc(
         &self,
         req: pb::CompleteDispatchRequest,
@@ -157,13 +164,6 @@ impl SessionApi {
             .await?;
         Ok(dispatch_message(record))
     }
-}
-
-fn require(field: &str, value: &str) -> Result<(), MemoryError> {
-    if value.is_empty() {
-        return Err(MemoryError::InvalidArgument(format!("{field} is required")));
-    }
-    Ok(())
 }
 
 /// The caller a request names; none is a caller without principal that is no admin.

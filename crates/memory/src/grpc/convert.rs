@@ -1,0 +1,150 @@
+//! Between the wire and the store: request fields checked and parsed, store rows turned into
+//! messages.
+
+use std::time::Duration;
+
+use agentloop_proto::v1 as pb;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::MemoryError;
+use crate::store::{self, NewEntry, non_empty};
+
+/// Refuses an empty `value` of the required field `field`.
+pub(super) fn require(field: &str, value: &str) -> Result<(), MemoryError> {
+    if value.is_empty() {
+        return Err(MemoryError::InvalidArgument(format!("{field} is required")));
+    }
+    Ok(())
+}
+
+/// Parses the required uuid field `field`.
+pub(super) fn parse_id(field: &str, value: &str) -> Result<Uuid, MemoryError> {
+    require(field, value)?;
+    Uuid::parse_str(value)
+        .map_err(|_| MemoryError::InvalidArgument(format!("{field} {value:?} is not a uuid")))
+}
+
+/// Parses a lease TTL, which must be positive.
+pub(super) fn parse_ttl(ttl_ms: u32) -> Result<Duration, MemoryError> {
+    if ttl_ms == 0 {
+        // A zero TTL would hand out a lease that is expired before the caller sees it.
+        return Err(MemoryError::InvalidArgument(
+            "ttl_ms must be positive".to_owned(),
+        ));
+    }
+    Ok(Duration::from_millis(u64::from(ttl_ms)))
+}
+
+/// Parses a token count into the column's type.
+pub(super) fn parse_tokens(field: &str, tokens: u64) -> Result<i64, MemoryError> {
+    i64::try_from(tokens)
+        .map_err(|_| MemoryError::InvalidArgument(format!("{field} {tokens} is out of range")))
+}
+
+/// Transcript entries to append, from the wire; each needs a key.
+pub(super) fn new_entries(entries: Vec<pb::Entry>) -> Result<Vec<NewEntry>, MemoryError> {
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        if entry.key.is_empty() {
+            return Err(MemoryError::InvalidArgument(
+                "every entry needs a key".to_owned(),
+            ));
+        }
+        let run_id = match entry.run_id.as_str() {
+            "" => None,
+            run_id => Some(parse_id("entry run_id", run_id)?),
+        };
+        out.push(NewEntry {
+            tool_call_id: non_empty(&entry.tool_call_id),
+            tool_name: non_empty(&entry.tool_name),
+            data: non_empty(&entry.data),
+            key: entry.key,
+            role: entry.role,
+            content: entry.content,
+            run_id,
+        });
+    }
+    Ok(out)
+}
+
+/// A stored transcript entry on the wire.
+pub(super) fn entry_message(entry: store::Entry) -> pb::Entry {
+    pb::Entry {
+        seq: entry.seq,
+        key: entry.key,
+        role: entry.role,
+        content: entry.content,
+        run_id: entry.run_id.map(|id| id.to_string()).unwrap_or_default(),
+        tool_call_id: entry.tool_call_id.unwrap_or_default(),
+        tool_name: entry.tool_name.unwrap_or_default(),
+        data: entry.data.unwrap_or_default(),
+        created_at: Some(timestamp(entry.created_at)),
+    }
+}
+
+/// An inbox item on the wire.
+pub(super) fn inbox_item(item: store::InboxItem) -> pb::InboxItem {
+    pb::InboxItem {
+        seq: item.seq,
+        idempotency_key: item.idempotency_key,
+        kind: item.kind,
+        payload: item.payload,
+    }
+}
+
+/// A taken input with its run and history (`(is a delta, entries)`) on the wire.
+pub(super) fn take_response(
+    taken: store::Taken,
+    (history_is_delta, history): (bool, Vec<store::Entry>),
+) -> pb::TakeNextResponse {
+    pb::TakeNextResponse {
+        item: Some(inbox_item(taken.item)),
+        run: Some(run_message(taken.run)),
+        history: history.into_iter().map(entry_message).collect(),
+        history_is_delta,
+    }
+}
+
+fn run_message(run: store::Run) -> pb::Run {
+    pb::Run {
+        id: run.id.to_string(),
+        session_id: run.session_id.to_string(),
+        inbox_seq: run.inbox_seq,
+        status: run.status,
+        attempts: run.attempts,
+        started_at: Some(timestamp(run.started_at)),
+        finished_at: run.finished_at.map(timestamp),
+    }
+}
+
+/// A point in time on the wire.
+pub(super) fn timestamp(at: DateTime<Utc>) -> pbjson_types::Timestamp {
+    pbjson_types::Timestamp {
+        seconds: at.timestamp(),
+        nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_ids_and_ttls_are_invalid_arguments() {
+        assert!(matches!(
+            parse_id("session_id", ""),
+            Err(MemoryError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            parse_id("session_id", "nope"),
+            Err(MemoryError::InvalidArgument(_))
+        ));
+        assert!(parse_id("session_id", &Uuid::now_v7().to_string()).is_ok());
+        assert!(matches!(parse_ttl(0), Err(MemoryError::InvalidArgument(_))));
+        assert!(matches!(
+            parse_tokens("input_tokens", u64::MAX),
+            Err(MemoryError::InvalidArgument(_))
+        ));
+    }
+}

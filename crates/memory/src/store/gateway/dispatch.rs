@@ -1,0 +1,324 @@
+//! Dispatch records: a client request recorded by (session key, idempotency key), so that a
+//! repeated key returns the first answer on every gateway replica.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::Caller;
+use crate::MemoryError;
+use crate::store::{Store, error::translate};
+
+/// How often one replica sweeps expired dispatch records, unless its last sweep was full.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The rows one sweep deletes at most (`queries/sweep_dispatches.sql`).
+const SWEEP_BATCH: u64 = 500;
+
+/// A client request as recorded by the gateway, with the state of the run processing it.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Dispatch {
+    /// The client's session key.
+    pub session_key: String,
+    /// The client's idempotency key.
+    pub idempotency_key: String,
+    /// The run id the gateway gave the client.
+    pub run_handle: Uuid,
+    /// The session.
+    pub session_id: Uuid,
+    /// `accepted`, `ok` or `error`.
+    pub status: String,
+    /// The first answer, once stored.
+    pub text: Option<String>,
+    /// The error of a failed answer.
+    pub error: Option<String>,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// When it is forgotten.
+    pub expires_at: DateTime<Utc>,
+    /// The run processing it, once one started.
+    pub run_id: Option<Uuid>,
+    /// That run's status.
+    pub run_status: Option<String>,
+    /// That run's error.
+    pub run_error: Option<String>,
+    /// That run's last assistant entry.
+    pub run_answer: Option<String>,
+}
+
+/// How a dispatch is looked up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DispatchLookup {
+    /// By the gateway's run handle or by the id of its run.
+    Run(Uuid),
+    /// By (session key, idempotency key).
+    Keys {
+        /// The session key.
+        session_key: String,
+        /// The idempotency key.
+        idempotency_key: String,
+    },
+}
+
+impl Store {
+    /// Records a dispatch under `run_handle` and returns `(created, record)`: `created` is false
+    /// when a live record for the same keys exists, and that record is returned instead. A
+    /// record created here comes back without run fields: its message is not sent yet.
+    ///
+    /// # Errors
+    /// [`MemoryError::SessionNotFound`] for an unknown session, or a database error.
+    pub async fn begin_dispatch(
+        &self,
+        session_key: &str,
+        idempotency_key: &str,
+        run_handle: Uuid,
+        session_id: Uuid,
+        ttl: Duration,
+    ) -> Result<(bool, Dispatch), MemoryError> {
+        // Expired records are swept here, a bounded batch at a time, rather than by a timer
+        // every memory replica would have to coordinate; at most once a second unless the last
+        // sweep found a full batch.
+        if self.dispatch_sweep_due() {
+            let mut conn = self.conn(session_id).await?;
+            let result = sqlx::query(include_str!("../queries/sweep_dispatches.sql"))
+                .execute(&mut *conn)
+                .await;
+            let swept = conn
+                .settle(result)
+                .map_err(|err| translate(err, session_id))?;
+            if swept.rows_affected() >= SWEEP_BATCH {
+                self.dispatch_sweep_again();
+            }
+        }
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let mut conn = self.conn(session_id).await?;
+        let result = sqlx::query_as::<_, (DateTime<Utc>, DateTime<Utc>)>(include_str!(
+            "../queries/begin_dispatch.sql"
+        ))
+        .bind(session_key)
+        .bind(idempotency_key)
+        .bind(run_handle)
+        .bind(session_id)
+        .bind(ttl_ms as f64)
+        .fetch_optional(&mut *conn)
+        .await;
+        let inserted = conn
+            .settle(result)
+            .map_err(|err| translate(err, session_id))?;
+        if let Some((created_at, expires_at)) = inserted {
+            // Answered from what was written, without reading it back; the run fields stay
+            // empty (the caller sends the message next and follows the run from there).
+            let record = Dispatch {
+                session_key: session_key.to_owned(),
+                idempotency_key: idempotency_key.to_owned(),
+                run_handle,
+                session_id,
+                status: "accepted".to_owned(),
+                text: None,
+                error: None,
+                created_at,
+                expires_at,
+                run_id: None,
+                run_status: None,
+                run_error: None,
+                run_answer: None,
+            };
+            return Ok((true, record));
+        }
+        let lookup = DispatchLookup::Keys {
+            session_key: session_key.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+        };
+        let record = self
+            .get_dispatch(&lookup, &Caller::admin())
+            .await?
+            .ok_or_else(|| MemoryError::InvalidArgument("dispatch vanished".to_owned()))?;
+        Ok((false, record))
+    }
+
+    fn dispatch_sweep_due(&self) -> bool {
+        let now = std::time::Instant::now();
+        let Ok(mut next) = self.next_dispatch_sweep.lock() else {
+            return true;
+        };
+        if next.is_some_and(|at| now < at) {
+            return false;
+        }
+        *next = Some(now + SWEEP_EVERY);
+        true
+    }
+
+    fn dispatch_sweep_again(&self) {
+        if let Ok(mut next) = self.next_dispatch_sweep.lock() {
+            *next = None;
+        }
+    }
+
+    /// Returns a live dispatch record with its run's state, if there is one of a session
+    /// `caller` sees.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn get_dispatch(
+        &self,
+        lookup: &DispatchLookup,
+        caller: &Caller,
+    ) -> Result<Option<Dispatch>, MemoryError> {
+        let (run, session_key, idempotency_key) = match lookup {
+            DispatchLookup::Run(id) => (Some(*id), None, None),
+            DispatchLookup::Keys {
+                session_key,
+                idempotency_key,
+            } => (
+                None,
+                Some(session_key.as_str()),
+                Some(idempotency_key.as_str()),
+            ),
+        };
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, Dispatch>(include_str!("../queries/get_dispatch.sql"))
+            .bind(run)
+            .bind(session_key)
+            .bind(idempotency_key)
+            .bind(caller.principal.as_deref())
+            .bind(caller.admin)
+            .fetch_optional(&mut *conn)
+            .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
+    /// Stores the outcome of the dispatch `run_handle` unless one is stored already, and returns
+    /// the record.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidArgument`] when the record does not exist, or a database error.
+    pub async fn complete_dispatch(
+        &self,
+        run_handle: Uuid,
+        status: &str,
+        text: &str,
+        error: Option<&str>,
+    ) -> Result<Dispatch, MemoryError> {
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result =
+            sqlx::query_as::<_, Dispatch>(include_str!("../queries/complete_dispatch.sql"))
+                .bind(run_handle)
+                .bind(status)
+                .bind(text)
+                .bind(error)
+                .fetch_optional(&mut *conn)
+                .await;
+        let stored = conn
+            .settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?;
+        if let Some(record) = stored {
+            return Ok(record);
+        }
+        self.get_dispatch(&DispatchLookup::Run(run_handle), &Caller::admin())
+            .await?
+            .ok_or_else(|| {
+                MemoryError::InvalidArgument(format!("no live dispatch with handle {run_handle}"))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::PgPool;
+    use uuid::Uuid;
+
+    use crate::store::{Dispatch, Store};
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn a_completion_is_stored_once_and_its_async_commit_stays_in_its_transaction(
+        pool: PgPool,
+    ) {
+        let store = Store::new(pool);
+        let session = store
+            .resolve_session("cli:complete", "main", Some("cli"))
+            .await
+            .unwrap();
+        let handle = Uuid::now_v7();
+        let (created, _) = store
+            .begin_dispatch(
+                "cli:complete",
+                "key-1",
+                handle,
+                session.id,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert!(created);
+
+        let done = store
+            .complete_dispatch(handle, "ok", "first", None)
+            .await
+            .unwrap();
+        assert_eq!(
+            (done.status.as_str(), done.text.as_deref()),
+            ("ok", Some("first"))
+        );
+        let again = store
+            .complete_dispatch(handle, "error", "second", Some("late"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (again.status.as_str(), again.text.as_deref()),
+            ("ok", Some("first")),
+            "a later completion changes nothing"
+        );
+
+        // The statement turns synchronous commit off for its own transaction: run inside an
+        // explicit one, it leaves the setting off there, and it answers with the record.
+        let handle2 = Uuid::now_v7();
+        store
+            .begin_dispatch(
+                "cli:complete",
+                "key-2",
+                handle2,
+                session.id,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let mut tx = store.pool().begin().await.unwrap();
+        let stored =
+            sqlx::query_as::<_, Dispatch>(include_str!("../queries/complete_dispatch.sql"))
+                .bind(handle2)
+                .bind("ok")
+                .bind("second key")
+                .bind(None::<&str>)
+                .fetch_optional(&mut *tx)
+                .await
+                .unwrap()
+                .expect("the completion answers with the record");
+        assert_eq!(
+            (
+                stored.run_handle,
+                stored.status.as_str(),
+                stored.text.as_deref()
+            ),
+            (handle2, "ok", Some("second key"))
+        );
+        let reported: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(reported, "off");
+        tx.commit().await.unwrap();
+
+        // The completion ran on the connection the store holds; the next call on it must
+        // commit synchronously again.
+        let mut conn = store.conn(Uuid::nil()).await.unwrap();
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(setting, "on");
+    }
+}
