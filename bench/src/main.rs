@@ -1,6 +1,7 @@
 //! `agentloop-bench`: drives the real stack (nats-server, Postgres, the five services as separate
-//! processes, the fake model answering at once) and reports the overhead latency, throughput,
-//! memory, CPU per run, runner scaling and a per-hop profile; writes `bench/RESULTS.md`.
+//! processes or in one `agentloop all` process, the fake model answering at once) and reports the
+//! overhead latency, throughput, memory, CPU per run, runner scaling and a per-hop profile; writes
+//! `bench/RESULTS.md`.
 //!
 //! Usage: see [`options::USAGE`] (`agentloop-bench --help`).
 
@@ -11,6 +12,7 @@ mod options;
 mod phases;
 mod procfs;
 mod report;
+mod setup;
 mod sidebyside;
 mod stack;
 
@@ -23,6 +25,7 @@ use crate::client::LoadClient;
 use crate::options::{Options, parse_args};
 use crate::phases::Load;
 use crate::report::Report;
+use crate::setup::StackMode;
 use crate::stack::{Stack, StackConfig};
 
 /// Subject prefix of the stack under test.
@@ -44,6 +47,7 @@ async fn main() -> anyhow::Result<()> {
         rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
         // `--openclaw` checks in the model's requests that each tag reached it.
         model_recorded: if options.openclaw { 1000 } else { 0 },
+        mode: options.setup.mode,
     })?;
     let started = Instant::now();
     let outcome = tokio::select! {
@@ -130,7 +134,7 @@ async fn side_by_side(
         .connect(&stack.database_url)
         .await
         .context("failed to connect to the bench database")?;
-    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
     let side_options = sidebyside::SideOptions {
         node: options.node.clone(),
         package_dir: options.openclaw_dir.clone(),
@@ -181,7 +185,7 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
         .connect(&stack.database_url)
         .await
         .context("failed to connect to the bench database")?;
-    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
     let limit = Duration::from_secs(120);
     step("warm-up");
     phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
@@ -248,7 +252,8 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
         })
         .collect();
     Ok(format!(
-        "{}\nCPU-ms/run by process: {}\nRSS MiB before / right after / {} s after the soak: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}{hops}",
+        "{}\n{}\nCPU-ms/run by process: {}\nRSS MiB before / right after / {} s after the soak: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}{hops}",
+        options.setup.line(),
         summary_line(&p, tck),
         by_process.join(", "),
         RSS_SETTLE.as_secs(),
@@ -387,6 +392,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         mem_sessions: plan.mem_sessions,
         mem_active: plan.mem_active,
         planned_lat1: plan.lat1,
+        setup: options.setup,
         ..Default::default()
     };
     step(&format!(
@@ -402,7 +408,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         .await
         .context("failed to connect to the bench database")?;
     report.versions = versions(&options.nats_server, &pool).await;
-    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     report.rss_idle = stack::rss_by_name(stack);
 
@@ -557,7 +563,13 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
     // two-runner phase is compared with one-runner phases under the same conditions (the
     // throughput phases above ran before the memory phase grew the tables).
     let (sessions, per) = plan.tp[2];
-    for (name, runners) in [("tp100x1", 1), ("tp100x2", 2), ("tp100x1b", 1)] {
+    let scaling: &[(&str, usize)] = if stack.mode() == StackMode::All {
+        step("scaling: skipped, `agentloop all` runs one runner (use --mode separate)");
+        &[]
+    } else {
+        &[("tp100x1", 1), ("tp100x2", 2), ("tp100x1b", 1)]
+    };
+    for &(name, runners) in scaling {
         match (runners, stack.procs.iter().any(|p| p.name == "runner-2")) {
             (2, false) => stack.add_runner("runner-2").await?,
             (1, true) => stack.stop("runner-2").await?,

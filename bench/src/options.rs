@@ -1,8 +1,13 @@
-//! The bench's command line.
+//! The bench's command line: what to run, against which stack (`--mode`), and how the load
+//! client encodes its InboundMessages (`--inbound`).
 
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
+
+use agentloop_proto::Encoding;
+
+use crate::setup::{Setup, StackMode};
 
 /// What the command line asked for.
 #[derive(Debug, Clone)]
@@ -35,17 +40,26 @@ pub struct Options {
     /// `--trace` with `--soak`: every hop of the soak's runs recorded and printed as a table
     /// (where the time goes under that load; the tracing itself costs the bench some CPU).
     pub soak_trace: bool,
+    /// `--mode` and `--inbound`.
+    pub setup: Setup,
 }
 
 /// The bench's usage line.
 pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]]";
+[--mode separate|all] [--inbound proto|json] \
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]]
+
+  --mode separate   each service in a process of its own (default)
+  --mode all        the five services in one `agentloop all` process (no runner scaling phase;
+                    --runners is refused)
+  --inbound proto   the load client publishes protobuf InboundMessages (default)
+  --inbound json    the same messages as proto3 JSON with Content-Type: application/json";
 
 /// Parses the command line (`--help` prints [`USAGE`] and exits).
 ///
 /// # Errors
-/// On an unknown argument or a missing or bad value.
+/// On an unknown argument, a missing or bad value, or flags that do not go together.
 pub fn parse_args() -> anyhow::Result<Options> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -71,6 +85,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_sessions: 100,
         soak_runners: 1,
         soak_trace: false,
+        setup: Setup::default(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -97,12 +112,27 @@ pub fn parse_args() -> anyhow::Result<Options> {
                 options.soak_runners = value()?.parse().context("--runners needs a count")?;
             }
             "--trace" => options.soak_trace = true,
+            "--mode" => options.setup.mode = StackMode::parse(&value()?)?,
+            "--inbound" => {
+                options.setup.inbound = match value()?.as_str() {
+                    "proto" => Encoding::Proto,
+                    "json" => Encoding::Json,
+                    other => bail!("--inbound is proto or json, not {other:?}"),
+                };
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other}\n{USAGE}"),
         }
+    }
+    if options.setup.mode == StackMode::All && options.soak_runners > 1 {
+        bail!(
+            "--runners {} needs runner processes of their own: `agentloop all` runs one runner; \
+             use --mode separate",
+            options.soak_runners
+        );
     }
     Ok(options)
 }
