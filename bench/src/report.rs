@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use crate::phases::{HopRow, PhaseResult, STACK_GROUPS};
 use crate::setup::Setup;
-use crate::stack::ALL_PROCESS;
 
 /// Nearest-rank percentiles of a sample, in milliseconds.
 #[derive(Debug, Clone, Copy, Default)]
@@ -502,7 +501,8 @@ impl Report {
                 verdict(
                     per < 5.0,
                     format!(
-                        "runner +{} MiB for {} sessions",
+                        "{} +{} MiB for {} sessions",
+                        self.setup.runner_process(),
                         mib(self.runner_delta()),
                         self.mem_sessions
                     )
@@ -541,10 +541,9 @@ impl Report {
 
     /// The runner's growth, or with `--mode all` the whole process's (an upper bound).
     fn runner_delta(&self) -> u64 {
-        let runner =
-            |list: &[(String, u64)]| rss(list, "runner").or_else(|| rss(list, ALL_PROCESS));
-        let before = runner(&self.rss_before_mem).unwrap_or(0);
-        let after = runner(&self.rss_after_mem).unwrap_or(0);
+        let name = self.setup.runner_rss_name();
+        let before = rss(&self.rss_before_mem, name).unwrap_or(0);
+        let after = rss(&self.rss_after_mem, name).unwrap_or(0);
         after.saturating_sub(before)
     }
 
@@ -777,7 +776,8 @@ impl Report {
         if let Some(per) = self.kib_per_session() {
             let _ = writeln!(
                 s,
-                "\nRunner: +{} MiB for {} sessions known (idle) = **{per:.2} KiB per idle session**.",
+                "\nRSS of the {}: +{} MiB for {} sessions known (idle) = **{per:.2} KiB per idle session**.",
+                self.setup.runner_process(),
                 mib(self.runner_delta()),
                 self.mem_sessions
             );

@@ -85,11 +85,28 @@ impl Setup {
     /// How the services run, in words.
     pub fn processes(self) -> &'static str {
         match self.mode {
-            StackMode::Separate => "`--mode separate`, each service in a process of its own",
+            StackMode::Separate => "each in a process of its own (`--mode separate`)",
             StackMode::All => {
-                "`--mode all`, the five services in one `agentloop all` process (its gateway \
-                 address serves health, readiness and metrics for all of them)"
+                "all five in one `agentloop all` process, whose gateway address serves health, \
+                 readiness and metrics for all of them (`--mode all`)"
             }
+        }
+    }
+
+    /// The process whose resident memory stands for the runner's: the runner's own, or the
+    /// whole `agentloop all` process (an upper bound).
+    pub fn runner_process(self) -> &'static str {
+        match self.mode {
+            StackMode::Separate => "runner",
+            StackMode::All => "`agentloop all` process (runner and the other services)",
+        }
+    }
+
+    /// The name of the process in the RSS readings that [`Self::runner_process`] describes.
+    pub fn runner_rss_name(self) -> &'static str {
+        match self.mode {
+            StackMode::Separate => "runner",
+            StackMode::All => crate::stack::ALL_PROCESS,
         }
     }
 
@@ -97,10 +114,10 @@ impl Setup {
     pub fn inbound_words(self) -> String {
         let what = match self.inbound {
             Encoding::Proto => "protobuf",
-            Encoding::Json => "proto3 JSON (as the NATS CLI would publish)",
+            Encoding::Json => "proto3 JSON (as one publishes with the NATS CLI)",
         };
         format!(
-            "`--inbound {}`, {what} InboundMessages with `Content-Type: {}`",
+            "{what} InboundMessages (`--inbound {}`, `Content-Type: {}`)",
             self.inbound.name(),
             self.inbound.content_type()
         )
