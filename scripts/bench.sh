@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Benchmarks the whole stack (five services as separate processes, a private nats-server, a
-# fresh Postgres database, the fake model answering at once), prints a markdown table and
-# writes bench/RESULTS.md. Takes under a minute once built (the first release build about 6);
-# --quick about 30 s.
+# Benchmarks the whole stack (five services as separate processes or in one `agentloop all`, a
+# private nats-server, a fresh Postgres database, the fake model answering at once), prints a
+# markdown table and writes bench/RESULTS.md. Takes under a minute once built (the first release
+# build about 6); --quick about 30 s.
 #
 # Usage: ./scripts/bench.sh [--quick] [--no-write | --out PATH] [--keep-logs]
+#          [--mode separate|all] [--inbound proto|json]
 #        ./scripts/bench.sh --soak N [--sessions S] [--runners R]   (S sessions, default 100,
 #          × N messages only, on R runner processes, default 1; a short summary printed)
+#   --mode all: the five services in one `agentloop all` process instead of five (default
+#   separate; no runner scaling phase, --runners refused). --inbound json: the load client
+#   publishes its InboundMessages as JSON with Content-Type: application/json, as the NATS CLI
+#   does (default proto). Both work with --soak, e.g. a before/after of all vs separate:
+#   ./scripts/bench.sh --soak 20 --mode all --inbound json; ./scripts/bench.sh --soak 20 --inbound json
 #        ./scripts/bench.sh --openclaw [--no-write | --out PATH] [--keep-logs]
 #   --openclaw: side by side with OpenClaw 2026.9.6 through the same OpenAI-compatible
 #   POST /v1/chat/completions and the same fake model process (about 2 minutes after the

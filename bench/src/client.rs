@@ -1,4 +1,4 @@
-//! The load client: publishes InboundMessages through JetStream, watches replies on
+//! The load client: publishes InboundMessages (protobuf or JSON) through JetStream, watches replies on
 //! `<prefix>.deliver.>` (and, when tracing, run events and run commands), checks each reply's
 //! text and counts duplicates.
 
@@ -112,6 +112,8 @@ pub struct LoadClient {
     nc: async_nats::Client,
     js: jetstream::Context,
     prefix: String,
+    /// The encoding of the InboundMessages it publishes (and asks with).
+    inbound: Encoding,
     state: Arc<State>,
 }
 
@@ -129,11 +131,12 @@ impl Drop for TraceWatch {
 }
 
 impl LoadClient {
-    /// Connects and starts watching `<prefix>.deliver.>`.
+    /// Connects and starts watching `<prefix>.deliver.>`; `inbound`: the encoding of the
+    /// InboundMessages it will publish.
     ///
     /// # Errors
     /// When NATS cannot be reached.
-    pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
+    pub async fn connect(url: &str, prefix: &str, inbound: Encoding) -> anyhow::Result<Self> {
         let nc = async_nats::ConnectOptions::new()
             .name("agentloop-bench")
             .subscription_capacity(1 << 17)
@@ -145,6 +148,7 @@ impl LoadClient {
             nc,
             js,
             prefix: prefix.to_owned(),
+            inbound,
             state: Arc::new(State::default()),
         };
         let mut replies = client
@@ -270,15 +274,14 @@ impl LoadClient {
             idempotency_key: tag.to_owned(),
             ..Default::default()
         };
-        let mut headers = HeaderMap::new();
-        headers.insert("Content-Type", Encoding::Proto.content_type());
+        let headers = self.headers();
         let result = async {
             let ack = self
                 .js
                 .publish_with_headers(
                     format!("{}.inbound.cli", self.prefix),
                     headers,
-                    Bytes::from(inbound.encode_to_vec()),
+                    Bytes::from(agentloop_proto::encode(&inbound, self.inbound)),
                 )
                 .await
                 .context("publish failed")?;
@@ -311,29 +314,42 @@ impl LoadClient {
             idempotency_key: tag.to_owned(),
             ..Default::default()
         };
-        let mut headers = HeaderMap::new();
-        headers.insert("Content-Type", Encoding::Proto.content_type());
+        let headers = self.headers();
         let start = Instant::now();
         let reply = tokio::time::timeout(
             REPLY_TIMEOUT,
             self.nc.request_with_headers(
                 format!("{}.ask", self.prefix),
                 headers,
-                Bytes::from(inbound.encode_to_vec()),
+                Bytes::from(agentloop_proto::encode(&inbound, self.inbound)),
             ),
         )
         .await
         .context("ask timed out")?
         .context("ask failed")?;
         let elapsed = start.elapsed();
-        let outbound = OutboundMessage::decode(reply.payload.as_ref())
-            .context("ask reply is not an OutboundMessage")?;
+        // The gateway answers in the request's encoding.
+        let content_type = reply
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Content-Type"))
+            .map(|v| v.as_str());
+        let (outbound, _) =
+            agentloop_proto::decode::<OutboundMessage>(content_type, reply.payload.as_ref())
+                .context("ask reply is not an OutboundMessage")?;
         anyhow::ensure!(
             outbound.text == format!("echo: {text}"),
             "ask answered {:?}",
             outbound.text
         );
         Ok(elapsed)
+    }
+
+    /// The headers of an InboundMessage in the client's encoding.
+    fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("Content-Type", self.inbound.content_type());
+        headers
     }
 }
 

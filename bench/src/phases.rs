@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use crate::api::{ChatApi, WsClient};
 use crate::client::{Done, LoadClient, Tally, Trace};
 use crate::procfs::{self, CpuSnapshot};
-use crate::stack::Stack;
+use crate::stack::{ALL_PROCESS, Stack};
 
 /// What one phase measured.
 #[derive(Debug, Default, Clone)]
@@ -68,8 +68,9 @@ impl PhaseResult {
     }
 }
 
-/// Groups whose CPU counts as "the whole stack".
-pub const STACK_GROUPS: [&str; 7] = [
+/// Groups whose CPU counts as "the whole stack" (`agentloop`: the one process of `--mode all`).
+pub const STACK_GROUPS: [&str; 8] = [
+    ALL_PROCESS,
     "gateway",
     "router",
     "runner",

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::phases::{HopRow, PhaseResult, STACK_GROUPS};
+use crate::setup::Setup;
 
 /// Nearest-rank percentiles of a sample, in milliseconds.
 #[derive(Debug, Clone, Copy, Default)]
@@ -172,6 +173,8 @@ pub struct Report {
     pub planned_lat1: usize,
     /// Runs completed according to the runner's `/metrics`, at the end.
     pub runner_completed_metric: Option<u64>,
+    /// The stack mode and inbound encoding measured.
+    pub setup: Setup,
 }
 
 fn rss(list: &[(String, u64)], name: &str) -> Option<u64> {
@@ -287,16 +290,8 @@ impl Report {
         let mut s = String::new();
         let (cores, model, mem) = &self.machine;
         let _ = writeln!(s, "# agentloop benchmark results\n");
-        let _ = writeln!(
-            s,
-            "Produced by `./scripts/bench.sh{}` (the `agentloop-bench` binary). Each service runs as its own \
-             process from `target/release`, against a private nats-server (JetStream, file store in a temp dir, `GOMAXPROCS={}`), \
-             a fresh Postgres database and the fake model answering at once (`echo: <text>`, streamed in word chunks). \
-             The load client publishes protobuf InboundMessages on `agentloop.inbound.cli` through JetStream \
-             and waits for the JSON reply on `agentloop.deliver.cli.<session>`; sessions send in turn (closed loop).\n",
-            if self.mode == "quick" { " --quick" } else { "" },
-            std::env::var("BENCH_NATS_GOMAXPROCS").unwrap_or_else(|_| "1".to_owned())
-        );
+        s.push_str(&self.setup.report_intro(self.mode == "quick"));
+        s.push('\n');
         let _ = writeln!(s, "- date: {}", self.date);
         let _ = writeln!(s, "- commit: {}", self.commit);
         let _ = writeln!(
@@ -316,7 +311,7 @@ impl Report {
             ))
         );
         let _ = writeln!(s, "- {}", self.versions);
-        let _ = writeln!(s, "- mode: {}", self.mode);
+        let _ = writeln!(s, "- mode: {}; stack {}", self.mode, self.setup.line());
         let _ = writeln!(
             s,
             "- stack start (nats-server, fake model, 5 services) to all `/readyz` green: {:.2} s\n",
@@ -506,7 +501,8 @@ impl Report {
                 verdict(
                     per < 5.0,
                     format!(
-                        "runner +{} MiB for {} sessions",
+                        "{} +{} MiB for {} sessions",
+                        self.setup.runner_process(),
                         mib(self.runner_delta()),
                         self.mem_sessions
                     )
@@ -543,9 +539,11 @@ impl Report {
         s
     }
 
+    /// The runner's growth, or with `--mode all` the whole process's (an upper bound).
     fn runner_delta(&self) -> u64 {
-        let before = rss(&self.rss_before_mem, "runner").unwrap_or(0);
-        let after = rss(&self.rss_after_mem, "runner").unwrap_or(0);
+        let name = self.setup.runner_rss_name();
+        let before = rss(&self.rss_before_mem, name).unwrap_or(0);
+        let after = rss(&self.rss_after_mem, name).unwrap_or(0);
         after.saturating_sub(before)
     }
 
@@ -778,7 +776,8 @@ impl Report {
         if let Some(per) = self.kib_per_session() {
             let _ = writeln!(
                 s,
-                "\nRunner: +{} MiB for {} sessions known (idle) = **{per:.2} KiB per idle session**.",
+                "\nRSS of the {}: +{} MiB for {} sessions known (idle) = **{per:.2} KiB per idle session**.",
+                self.setup.runner_process(),
                 mib(self.runner_delta()),
                 self.mem_sessions
             );

@@ -1,6 +1,6 @@
 //! The stack under test: its own nats-server (JetStream, temp store), the fake model and every
-//! agentloop service as a separate process on fixed loopback ports, a fresh Postgres database,
-//! and their orderly teardown.
+//! agentloop service as a separate process (or all of them in one `agentloop all` process) on
+//! fixed loopback ports, a fresh Postgres database, and their orderly teardown.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,10 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 
 use crate::procfs;
+use crate::setup::StackMode;
+
+/// The name of the one process of [`StackMode::All`] (also its CPU accounting group).
+pub const ALL_PROCESS: &str = "agentloop";
 
 /// Where the stack's pieces come from.
 #[derive(Debug, Clone)]
@@ -28,6 +32,8 @@ pub struct StackConfig {
     pub rust_log: String,
     /// Requests the fake model keeps for `/_fake/requests` (0: none).
     pub model_recorded: usize,
+    /// Separate service processes, or one `agentloop all`.
+    pub mode: StackMode,
 }
 
 /// A process the bench started.
@@ -86,7 +92,8 @@ impl Stack {
         })
     }
 
-    /// Starts nats-server, the fake model and the five services, each waited for.
+    /// Starts nats-server, the fake model and the five services (or `agentloop all`), each
+    /// waited for.
     ///
     /// # Errors
     /// When a process exits or does not become ready in time.
@@ -132,29 +139,48 @@ impl Stack {
         self.spawn("fake-model", model, None)?;
         wait_tcp(self.model_addr, Duration::from_secs(15)).await?;
 
+        // The WebSocket phases send faster than the default per-connection rate limit (20/s).
+        let gateway_env = [
+            ("AGENTLOOP_GATEWAY__RATE_LIMIT_PER_SEC", "1000000"),
+            ("AGENTLOOP_GATEWAY__RATE_LIMIT_BURST", "1000000"),
+        ];
+        if self.config.mode == StackMode::All {
+            // The same settings as the separate services get; its gateway's address serves
+            // readiness for the whole process.
+            self.start_service(ALL_PROCESS, "all", &gateway_env).await?;
+            return self.check_external_model();
+        }
         // Memory first: it creates the database and runs migrations the others depend on.
         self.start_service("memory", "memory", &[]).await?;
         self.start_service("router", "router", &[]).await?;
         self.start_service("runner", "runner", &[]).await?;
         self.start_service("delivery", "delivery", &[]).await?;
-        // The WebSocket phases send faster than the default per-connection rate limit (20/s).
-        self.start_service(
-            "gateway",
-            "gateway",
-            &[
-                ("AGENTLOOP_GATEWAY__RATE_LIMIT_PER_SEC", "1000000"),
-                ("AGENTLOOP_GATEWAY__RATE_LIMIT_BURST", "1000000"),
-            ],
-        )
-        .await?;
+        self.start_service("gateway", "gateway", &gateway_env)
+            .await?;
+        Ok(())
+    }
+
+    /// `agentloop all` starts a fake model of its own when no provider is configured: the bench
+    /// gives it the same model settings as the separate services, so it must not have.
+    fn check_external_model(&self) -> anyhow::Result<()> {
+        let log = std::fs::read_to_string(self.log_path(ALL_PROCESS)).unwrap_or_default();
+        if log.contains("built-in fake model") {
+            bail!(
+                "`agentloop all` started its built-in fake model instead of using the bench's at {}",
+                self.model_addr
+            );
+        }
         Ok(())
     }
 
     /// Starts one more runner replica (for the scaling phase) and waits until it is ready.
     ///
     /// # Errors
-    /// When it does not become ready.
+    /// When it does not become ready, or in [`StackMode::All`] (one runner in its process).
     pub async fn add_runner(&mut self, name: &str) -> anyhow::Result<()> {
+        if self.config.mode == StackMode::All {
+            bail!("`agentloop all` runs one runner: a second runner needs --mode separate");
+        }
         self.start_service(name, "runner", &[]).await
     }
 
@@ -179,8 +205,9 @@ impl Stack {
                 cmd.env_remove(key);
             }
         }
+        // `all` serves health, readiness and metrics of every service on its gateway's address.
         let admin_key = match command {
-            "gateway" => "AGENTLOOP_GATEWAY__LISTEN".to_owned(),
+            "gateway" | "all" => "AGENTLOOP_GATEWAY__LISTEN".to_owned(),
             other => format!("AGENTLOOP_{}__ADMIN_LISTEN", other.to_ascii_uppercase()),
         };
         cmd.env("RUST_LOG", &self.config.rust_log)
@@ -276,9 +303,24 @@ impl Stack {
             .collect()
     }
 
+    /// Where the named process answers `/readyz` and `/metrics`: in [`StackMode::All`], every
+    /// service's name leads to the one process's gateway address.
+    fn admin_of(&self, name: &str) -> Option<SocketAddr> {
+        let name = match self.config.mode {
+            StackMode::All if SERVICES.contains(&name) => ALL_PROCESS,
+            _ => name,
+        };
+        self.procs.iter().find(|p| p.name == name)?.admin
+    }
+
+    /// The stack mode.
+    pub fn mode(&self) -> StackMode {
+        self.config.mode
+    }
+
     /// Reads one counter from a service's `/metrics`.
     pub async fn metric(&self, name: &str, metric: &str) -> Option<u64> {
-        let addr = self.procs.iter().find(|p| p.name == name)?.admin?;
+        let addr = self.admin_of(name)?;
         let (_, body) = http_get(addr, "/metrics").await.ok()?;
         body.lines()
             .find_map(|l| l.strip_prefix(metric)?.strip_prefix(' '))
@@ -320,7 +362,7 @@ impl Stack {
 
     /// The gateway's HTTP address (clients, `/ws`, `/v1/chat/completions`).
     pub fn gateway_addr(&self) -> Option<SocketAddr> {
-        self.procs.iter().find(|p| p.name == "gateway")?.admin
+        self.admin_of("gateway")
     }
 
     /// The fake model's address.
@@ -342,11 +384,13 @@ async fn terminate(mut proc: Proc) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
-    let grace = Duration::from_secs(if proc.name.starts_with("runner") {
-        10
-    } else {
-        5
-    });
+    let grace = Duration::from_secs(
+        if proc.name.starts_with("runner") || proc.name == ALL_PROCESS {
+            10
+        } else {
+            5
+        },
+    );
     if tokio::time::timeout(grace, proc.child.wait())
         .await
         .is_err()
@@ -355,6 +399,9 @@ async fn terminate(mut proc: Proc) {
         let _ = proc.child.kill().await;
     }
 }
+
+/// The five services' names.
+const SERVICES: [&str; 5] = ["memory", "router", "runner", "delivery", "gateway"];
 
 /// The CPU accounting group of a process name (`runner-2` counts as `runner`).
 pub fn group_of(name: &str) -> String {

