@@ -84,6 +84,8 @@ struct EventTimes {
 struct State {
     /// session key -> its one message in flight (sessions send in turn).
     inflight: Mutex<HashMap<String, Inflight>>,
+    /// tag -> a burst's message in flight (many per session, so matched by tag).
+    burst: Mutex<HashMap<String, Inflight>>,
     /// tag -> replies seen.
     replies: Mutex<HashMap<String, u32>>,
     duplicates: AtomicU64,
@@ -301,6 +303,68 @@ impl LoadClient {
         result
     }
 
+    /// Publishes one message of a burst without waiting for its reply (a session may have many
+    /// in flight, queued in `queue_mode`); the receiver gets the reply, the future the ack.
+    ///
+    /// # Errors
+    /// When the publish itself fails.
+    pub async fn publish_burst(
+        &self,
+        session_key: &str,
+        tag: &str,
+        queue_mode: &str,
+    ) -> anyhow::Result<(
+        jetstream::context::PublishAckFuture,
+        oneshot::Receiver<Done>,
+    )> {
+        let text = format!("bench {tag}");
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut map) = self.state.burst.lock() {
+            map.insert(
+                tag.to_owned(),
+                Inflight {
+                    tag: tag.to_owned(),
+                    expected: format!("echo: {text}"),
+                    sent: Instant::now(),
+                    sent_wall: wall_us(),
+                    first_delta: None,
+                    done: Some(tx),
+                },
+            );
+        }
+        let inbound = InboundMessage {
+            session_key: session_key.to_owned(),
+            channel: "cli".to_owned(),
+            sender_id: "bench".to_owned(),
+            text,
+            idempotency_key: tag.to_owned(),
+            queue_mode: queue_mode.to_owned(),
+            ..Default::default()
+        };
+        let ack = self
+            .js
+            .publish_with_headers(
+                format!("{}.inbound.cli", self.prefix),
+                self.headers(),
+                Bytes::from(agentloop_proto::encode(&inbound, self.inbound)),
+            )
+            .await
+            .context("publish failed");
+        if ack.is_err()
+            && let Ok(mut map) = self.state.burst.lock()
+        {
+            map.remove(tag);
+        }
+        Ok((ack?, rx))
+    }
+
+    /// Forgets the burst's messages still waiting for a reply (counted lost by the caller).
+    pub fn clear_burst(&self) {
+        if let Ok(mut map) = self.state.burst.lock() {
+            map.clear();
+        }
+    }
+
     /// Sends one message through the gateway's `<prefix>.ask` request/reply and checks the text.
     ///
     /// # Errors
@@ -391,14 +455,18 @@ fn on_reply(state: &State, msg: &async_nats::Message) {
     let matches = inflight
         .get(&outbound.session_key)
         .is_some_and(|i| i.tag == tag);
-    if !matches {
+    let entry = if matches {
+        let entry = inflight.remove(&outbound.session_key);
+        drop(inflight);
+        entry
+    } else {
+        drop(inflight);
+        state.burst.lock().ok().and_then(|mut b| b.remove(&tag))
+    };
+    let Some(mut entry) = entry else {
         state.unexpected.fetch_add(1, Ordering::Relaxed);
         return;
-    }
-    let Some(mut entry) = inflight.remove(&outbound.session_key) else {
-        return;
     };
-    drop(inflight);
     if state.tracing.load(Ordering::Relaxed) {
         let trace = Trace {
             sent: entry.sent_wall,

@@ -6,7 +6,9 @@
 //! Usage: see [`options::USAGE`] (`agentloop-bench --help`).
 
 mod api;
+mod burst;
 mod client;
+mod matrix;
 mod openclaw;
 mod options;
 mod phases;
@@ -54,6 +56,8 @@ async fn main() -> anyhow::Result<()> {
         outcome = async {
             if options.openclaw {
                 side_by_side(&mut stack, &options, &run_dir).await.map(|s| Output::SideBySide(Box::new(s)))
+            } else if options.matrix {
+                matrix::run(&options, &run_dir, git_commit()).await.map(|m| Output::Matrix(Box::new(m)))
             } else if let Some(per) = options.soak {
                 soak(&mut stack, &options, per).await.map(Output::Soak)
             } else {
@@ -82,12 +86,25 @@ async fn main() -> anyhow::Result<()> {
         Output::Soak(line) => (line, existing),
         Output::Report(report) => {
             let markdown = report.markdown();
-            // The side-by-side section comes from `--openclaw` runs: keep the last one.
-            let file = match sidebyside::extract(&existing) {
-                Some(section) => format!("{markdown}\n{section}"),
-                None => markdown.clone(),
-            };
+            // The matrix and side-by-side sections come from `--matrix` and `--openclaw` runs:
+            // keep the last of each.
+            let mut file = markdown.clone();
+            for section in [matrix::extract(&existing), sidebyside::extract(&existing)]
+                .into_iter()
+                .flatten()
+            {
+                file = format!("{file}\n{section}");
+            }
             (markdown, file)
+        }
+        Output::Matrix(m) => {
+            let section = m.markdown();
+            let file = if existing.is_empty() {
+                format!("# agentloop benchmark results\n\n{section}")
+            } else {
+                matrix::splice(&existing, &section)
+            };
+            (section, file)
         }
         Output::SideBySide(side) => {
             let section = side.markdown();
@@ -114,6 +131,8 @@ enum Output {
     Soak(String),
     Report(Box<Report>),
     SideBySide(Box<sidebyside::SideBySide>),
+    /// `--matrix`: the four setups side by side.
+    Matrix(Box<matrix::Matrix>),
 }
 
 /// `--openclaw`: the stack, then OpenClaw, under the same HTTP load.

@@ -40,6 +40,9 @@ pub struct Options {
     /// `--trace` with `--soak`: every hop of the soak's runs recorded and printed as a table
     /// (where the time goes under that load; the tracing itself costs the bench some CPU).
     pub soak_trace: bool,
+    /// `--matrix`: the four setups ({separate, all} × {proto, json}) side by side, closed loop
+    /// and burst, instead of the default phases.
+    pub matrix: bool,
     /// `--mode` and `--inbound`.
     pub setup: Setup,
 }
@@ -48,13 +51,19 @@ pub struct Options {
 pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]]
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]] \
+[--matrix]
 
   --mode separate   each service in a process of its own (default)
   --mode all        the five services in one `agentloop all` process (no runner scaling phase;
                     --runners is refused)
   --inbound proto   the load client publishes protobuf InboundMessages (default)
-  --inbound json    the same messages as proto3 JSON with Content-Type: application/json";
+  --inbound json    the same messages as proto3 JSON with Content-Type: application/json
+  --matrix          what users run, side by side: a fresh stack for each of --mode separate|all
+                    × --inbound proto|json, each with 1 session, 10 and 100 sessions at once in
+                    a closed loop and a burst (100 sessions × 10 messages published at once,
+                    queue mode followup); one table, written as its own section of
+                    bench/RESULTS.md (about 2 minutes; --quick shrinks the counts)";
 
 /// Parses the command line (`--help` prints [`USAGE`] and exits).
 ///
@@ -85,6 +94,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_sessions: 100,
         soak_runners: 1,
         soak_trace: false,
+        matrix: false,
         setup: Setup::default(),
     };
     let mut args = std::env::args().skip(1);
@@ -112,6 +122,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
                 options.soak_runners = value()?.parse().context("--runners needs a count")?;
             }
             "--trace" => options.soak_trace = true,
+            "--matrix" => options.matrix = true,
             "--mode" => options.setup.mode = StackMode::parse(&value()?)?,
             "--inbound" => {
                 options.setup.inbound = match value()?.as_str() {
@@ -126,6 +137,9 @@ pub fn parse_args() -> anyhow::Result<Options> {
             }
             other => bail!("unknown argument {other}\n{USAGE}"),
         }
+    }
+    if options.matrix && (options.openclaw || options.soak.is_some()) {
+        bail!("--matrix runs phases of its own: not with --openclaw or --soak");
     }
     if options.setup.mode == StackMode::All && options.soak_runners > 1 {
         bail!(

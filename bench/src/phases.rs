@@ -142,6 +142,8 @@ pub enum Via {
     Ws(String),
     /// An OpenAI-compatible `POST /v1/chat/completions`.
     Http(ChatApi),
+    /// Every message published on JetStream at once (see [`crate::burst`]).
+    Burst,
 }
 
 impl std::fmt::Debug for Via {
@@ -151,6 +153,7 @@ impl std::fmt::Debug for Via {
             Self::Ask => "Ask",
             Self::Ws(_) => "Ws",
             Self::Http(_) => "Http",
+            Self::Burst => "Burst",
         })
     }
 }
@@ -171,7 +174,10 @@ pub async fn run(
     let cpu_before = CpuSnapshot::take(&all_pids(stack, &pg_before));
     let machine_before = procfs::MachineTicks::take();
     let batches_before = stack.memory_batches().await;
-    let mut result = drive(client, load, runners).await?;
+    let mut result = match load.via {
+        Via::Burst => crate::burst::drive(client, load).await?,
+        _ => drive(client, load, runners).await?,
+    };
     let machine_after = procfs::MachineTicks::take();
     let batches_after = stack.memory_batches().await;
     let pg_after = postgres_pids(pool, &stack.db_name).await?;
