@@ -13,6 +13,13 @@
 #   publishes its InboundMessages as JSON with Content-Type: application/json, as the NATS CLI
 #   does (default proto). Both work with --soak, e.g. a before/after of all vs separate:
 #   ./scripts/bench.sh --soak 20 --mode all --inbound json; ./scripts/bench.sh --soak 20 --inbound json
+#        ./scripts/bench.sh --matrix [--quick] [--no-write | --out PATH] [--keep-logs]
+#   --matrix: what users run, side by side: a fresh stack for each of --mode separate|all ×
+#   --inbound proto|json, each warmed up, then 1 session in turn, 10 and 100 sessions at once
+#   (closed loop: each session waits for its reply) and a burst (100 sessions × 10 messages
+#   published at once, queue mode followup; runs/s from first publish to last reply, lost
+#   replies and persisted runs); one table, which replaces its own section of bench/RESULTS.md
+#   (under a minute; --quick fewer messages)
 #        ./scripts/bench.sh --openclaw [--no-write | --out PATH] [--keep-logs]
 #   --openclaw: side by side with OpenClaw 2026.9.6 through the same OpenAI-compatible
 #   POST /v1/chat/completions and the same fake model process (about 2 minutes after the

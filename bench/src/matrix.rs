@@ -59,9 +59,9 @@ impl Plan {
         } else {
             Self {
                 warm: (20, 15),
-                lat1: 200,
-                lat10: 30,
-                tp100: 10,
+                lat1: 300,
+                lat10: 60,
+                tp100: 30,
                 burst: (100, 10),
                 phase_limit: Duration::from_secs(45),
             }

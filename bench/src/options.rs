@@ -63,7 +63,7 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
                     × --inbound proto|json, each with 1 session, 10 and 100 sessions at once in
                     a closed loop and a burst (100 sessions × 10 messages published at once,
                     queue mode followup); one table, written as its own section of
-                    bench/RESULTS.md (about 2 minutes; --quick shrinks the counts)";
+                    bench/RESULTS.md (under a minute; --quick: fewer messages)";
 
 /// Parses the command line (`--help` prints [`USAGE`] and exits).
 ///
