@@ -259,7 +259,7 @@ impl Matrix {
             ("burst: p50 ms", &|c| ms(pct(&c.burst.totals).p50)),
             ("burst: p99 ms", &|c| ms(pct(&c.burst.totals).p99)),
             ("burst: CPU-ms per run", &|c| cpu(&c.burst)),
-            ("burst: replies lost, runs persisted", &|c| {
+            ("burst: replies lost / duplicated, runs persisted", &|c| {
                 persisted(&c.burst)
             }),
         ];
@@ -294,14 +294,16 @@ fn ms(v: f64) -> String {
     format!("{v:.2}")
 }
 
-/// Lost replies, and whether every completed run is in the runs table.
+/// Lost (or wrong) and duplicated replies, and whether every completed run is in the runs
+/// table: a burst queues many messages per session, where a lost or doubled run would show.
 fn persisted(p: &PhaseResult) -> String {
     let all = p
         .persisted
         .is_some_and(|n| n >= i64::try_from(p.ok).unwrap_or(i64::MAX));
     format!(
-        "{}, {} of {} ({})",
+        "{} / {}, {} of {} ({})",
         p.lost + p.wrong,
+        p.tally.duplicates,
         p.persisted.unwrap_or(0),
         p.sent,
         if all && p.ok == p.sent {
