@@ -97,6 +97,8 @@ pub fn parse_args() -> anyhow::Result<Options> {
         matrix: false,
         setup: Setup::default(),
     };
+    // Whether --mode or --inbound was given: --matrix runs every setup, so either is a mistake.
+    let mut setup_given = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
@@ -123,8 +125,12 @@ pub fn parse_args() -> anyhow::Result<Options> {
             }
             "--trace" => options.soak_trace = true,
             "--matrix" => options.matrix = true,
-            "--mode" => options.setup.mode = StackMode::parse(&value()?)?,
+            "--mode" => {
+                setup_given = true;
+                options.setup.mode = StackMode::parse(&value()?)?;
+            }
             "--inbound" => {
+                setup_given = true;
                 options.setup.inbound = match value()?.as_str() {
                     "proto" => Encoding::Proto,
                     "json" => Encoding::Json,
@@ -140,6 +146,9 @@ pub fn parse_args() -> anyhow::Result<Options> {
     }
     if options.matrix && (options.openclaw || options.soak.is_some()) {
         bail!("--matrix runs phases of its own: not with --openclaw or --soak");
+    }
+    if options.matrix && setup_given {
+        bail!("--matrix runs every --mode and --inbound itself: leave both out");
     }
     if options.setup.mode == StackMode::All && options.soak_runners > 1 {
         bail!(
