@@ -14,6 +14,7 @@ mod options;
 mod phases;
 mod procfs;
 mod report;
+mod section;
 mod setup;
 mod sidebyside;
 mod stack;
@@ -89,9 +90,12 @@ async fn main() -> anyhow::Result<()> {
             // The matrix and side-by-side sections come from `--matrix` and `--openclaw` runs:
             // keep the last of each.
             let mut file = markdown.clone();
-            for section in [matrix::extract(&existing), sidebyside::extract(&existing)]
-                .into_iter()
-                .flatten()
+            for section in [
+                matrix::SECTION.extract(&existing),
+                sidebyside::SECTION.extract(&existing),
+            ]
+            .into_iter()
+            .flatten()
             {
                 file = format!("{file}\n{section}");
             }
@@ -102,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
             let file = if existing.is_empty() {
                 format!("# agentloop benchmark results\n\n{section}")
             } else {
-                matrix::splice(&existing, &section)
+                matrix::SECTION.splice(&existing, &section)
             };
             (section, file)
         }
@@ -111,7 +115,7 @@ async fn main() -> anyhow::Result<()> {
             let file = if existing.is_empty() {
                 format!("# agentloop benchmark results\n\n{section}")
             } else {
-                sidebyside::splice(&existing, &section)
+                sidebyside::SECTION.splice(&existing, &section)
             };
             (section, file)
         }

@@ -22,6 +22,11 @@ use crate::{PREFIX, drop_database, load, step, summary_line, watched};
 pub const BEGIN: &str = "<!-- what-users-run:begin -->";
 /// Closes it.
 pub const END: &str = "<!-- what-users-run:end -->";
+/// Where this section stands in `bench/RESULTS.md`.
+pub const SECTION: crate::section::Markers = crate::section::Markers {
+    begin: BEGIN,
+    end: END,
+};
 
 /// The four setups, in column order.
 const SETUPS: [(StackMode, Encoding); 4] = [
@@ -312,40 +317,4 @@ fn persisted(p: &PhaseResult) -> String {
             "not all"
         }
     )
-}
-
-/// `existing` with its matrix section replaced by `section`, or `section` appended.
-pub fn splice(existing: &str, section: &str) -> String {
-    match (existing.find(BEGIN), existing.find(END)) {
-        (Some(b), Some(e)) if e > b => format!(
-            "{}{}{}",
-            &existing[..b],
-            section.trim_end(),
-            existing[e + END.len()..].trim_end_matches('\n').to_owned() + "\n"
-        ),
-        _ => format!("{}\n{section}", existing.trim_end().to_owned() + "\n"),
-    }
-}
-
-/// The matrix section of `existing`, if it has one.
-pub fn extract(existing: &str) -> Option<String> {
-    let b = existing.find(BEGIN)?;
-    let e = existing.find(END)?;
-    (e > b).then(|| existing[b..e + END.len()].to_owned() + "\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_section_is_replaced_in_place_or_appended() {
-        let section = format!("{BEGIN}\nnew\n{END}\n");
-        let appended = splice("# r\n\nbody\n", &section);
-        assert_eq!(appended, format!("# r\n\nbody\n\n{section}"));
-        let old = format!("# r\n\n{BEGIN}\nold\n{END}\n\ntail\n");
-        let replaced = splice(&old, &section);
-        assert_eq!(replaced, format!("# r\n\n{BEGIN}\nnew\n{END}\n\ntail\n"));
-        assert_eq!(extract(&replaced).as_deref(), Some(section.as_str()));
-    }
 }

@@ -21,6 +21,11 @@ use crate::stack::{self, Stack};
 pub const BEGIN: &str = "<!-- openclaw-side-by-side:begin -->";
 /// End marker of the section.
 pub const END: &str = "<!-- openclaw-side-by-side:end -->";
+/// Where this section stands in `bench/RESULTS.md`.
+pub const SECTION: crate::section::Markers = crate::section::Markers {
+    begin: BEGIN,
+    end: END,
+};
 
 /// Message counts (OpenClaw takes ~330 ms per message: kept small).
 #[derive(Debug, Clone, Copy)]
@@ -560,44 +565,5 @@ impl SideBySide {
         );
         let _ = writeln!(s, "{END}");
         s
-    }
-}
-
-/// Replaces the side-by-side section of `existing` with `section`, or appends it.
-pub fn splice(existing: &str, section: &str) -> String {
-    match (existing.find(BEGIN), existing.find(END)) {
-        (Some(b), Some(e)) if e > b => {
-            let after = &existing[e + END.len()..];
-            format!(
-                "{}{}{}",
-                &existing[..b],
-                section.trim_end(),
-                after.trim_end_matches('\n').to_owned() + "\n"
-            )
-        }
-        _ => format!("{}\n{section}", existing.trim_end().to_owned() + "\n"),
-    }
-}
-
-/// The side-by-side section of `existing`, if it has one.
-pub fn extract(existing: &str) -> Option<String> {
-    let b = existing.find(BEGIN)?;
-    let e = existing.find(END)?;
-    (e > b).then(|| existing[b..e + END.len()].to_owned() + "\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_section_is_replaced_in_place_or_appended() {
-        let section = format!("{BEGIN}\nnew\n{END}\n");
-        let appended = splice("# r\n\nbody\n", &section);
-        assert_eq!(appended, format!("# r\n\nbody\n\n{section}"));
-        let old = format!("# r\n\n{BEGIN}\nold\n{END}\n\ntail\n");
-        let replaced = splice(&old, &section);
-        assert_eq!(replaced, format!("# r\n\n{BEGIN}\nnew\n{END}\n\ntail\n"));
-        assert_eq!(extract(&replaced).as_deref(), Some(section.as_str()));
     }
 }
