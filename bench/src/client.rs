@@ -251,42 +251,12 @@ impl LoadClient {
     /// # Errors
     /// On publish failure or when no reply came in time.
     pub async fn send(&self, session_key: &str, tag: &str) -> anyhow::Result<Done> {
-        let text = format!("bench {tag}");
-        let (tx, rx) = oneshot::channel();
-        let sent = Instant::now();
-        let sent_wall = wall_us();
+        let (inbound, inflight, rx) = message(session_key, tag, "");
         if let Ok(mut map) = self.state.inflight.lock() {
-            map.insert(
-                session_key.to_owned(),
-                Inflight {
-                    tag: tag.to_owned(),
-                    expected: format!("echo: {text}"),
-                    sent,
-                    sent_wall,
-                    first_delta: None,
-                    done: Some(tx),
-                },
-            );
+            map.insert(session_key.to_owned(), inflight);
         }
-        let inbound = InboundMessage {
-            session_key: session_key.to_owned(),
-            channel: "cli".to_owned(),
-            sender_id: "bench".to_owned(),
-            text,
-            idempotency_key: tag.to_owned(),
-            ..Default::default()
-        };
-        let headers = self.headers();
         let result = async {
-            let ack = self
-                .js
-                .publish_with_headers(
-                    format!("{}.inbound.cli", self.prefix),
-                    headers,
-                    Bytes::from(agentloop_proto::encode(&inbound, self.inbound)),
-                )
-                .await
-                .context("publish failed")?;
+            let ack = self.publish(&inbound).await?;
             let (ack, done) =
                 tokio::time::timeout(REPLY_TIMEOUT, async { tokio::join!(ack.into_future(), rx) })
                     .await
@@ -317,45 +287,33 @@ impl LoadClient {
         jetstream::context::PublishAckFuture,
         oneshot::Receiver<Done>,
     )> {
-        let text = format!("bench {tag}");
-        let (tx, rx) = oneshot::channel();
+        let (inbound, inflight, rx) = message(session_key, tag, queue_mode);
         if let Ok(mut map) = self.state.burst.lock() {
-            map.insert(
-                tag.to_owned(),
-                Inflight {
-                    tag: tag.to_owned(),
-                    expected: format!("echo: {text}"),
-                    sent: Instant::now(),
-                    sent_wall: wall_us(),
-                    first_delta: None,
-                    done: Some(tx),
-                },
-            );
+            map.insert(tag.to_owned(), inflight);
         }
-        let inbound = InboundMessage {
-            session_key: session_key.to_owned(),
-            channel: "cli".to_owned(),
-            sender_id: "bench".to_owned(),
-            text,
-            idempotency_key: tag.to_owned(),
-            queue_mode: queue_mode.to_owned(),
-            ..Default::default()
-        };
-        let ack = self
-            .js
-            .publish_with_headers(
-                format!("{}.inbound.cli", self.prefix),
-                self.headers(),
-                Bytes::from(agentloop_proto::encode(&inbound, self.inbound)),
-            )
-            .await
-            .context("publish failed");
+        let ack = self.publish(&inbound).await;
         if ack.is_err()
             && let Ok(mut map) = self.state.burst.lock()
         {
             map.remove(tag);
         }
         Ok((ack?, rx))
+    }
+
+    /// Publishes `inbound` on the CLI channel's inbound subject in the client's encoding; the
+    /// future resolves on the stream's ack.
+    async fn publish(
+        &self,
+        inbound: &InboundMessage,
+    ) -> anyhow::Result<jetstream::context::PublishAckFuture> {
+        self.js
+            .publish_with_headers(
+                format!("{}.inbound.cli", self.prefix),
+                self.headers(),
+                Bytes::from(agentloop_proto::encode(inbound, self.inbound)),
+            )
+            .await
+            .context("publish failed")
     }
 
     /// Forgets the burst's messages still waiting for a reply (counted lost by the caller).
@@ -415,6 +373,35 @@ impl LoadClient {
         headers.insert("Content-Type", self.inbound.content_type());
         headers
     }
+}
+
+/// The message tagged `tag` for `session_key` (`queue_mode` empty: the session's default) and
+/// the record that waits for its reply, timed from now.
+fn message(
+    session_key: &str,
+    tag: &str,
+    queue_mode: &str,
+) -> (InboundMessage, Inflight, oneshot::Receiver<Done>) {
+    let text = format!("bench {tag}");
+    let (tx, rx) = oneshot::channel();
+    let inflight = Inflight {
+        tag: tag.to_owned(),
+        expected: format!("echo: {text}"),
+        sent: Instant::now(),
+        sent_wall: wall_us(),
+        first_delta: None,
+        done: Some(tx),
+    };
+    let inbound = InboundMessage {
+        session_key: session_key.to_owned(),
+        channel: "cli".to_owned(),
+        sender_id: "bench".to_owned(),
+        text,
+        idempotency_key: tag.to_owned(),
+        queue_mode: queue_mode.to_owned(),
+        ..Default::default()
+    };
+    (inbound, inflight, rx)
 }
 
 fn on_reply(state: &State, msg: &async_nats::Message) {

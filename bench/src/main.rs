@@ -101,24 +101,8 @@ async fn main() -> anyhow::Result<()> {
             }
             (markdown, file)
         }
-        Output::Matrix(m) => {
-            let section = m.markdown();
-            let file = if existing.is_empty() {
-                format!("# agentloop benchmark results\n\n{section}")
-            } else {
-                matrix::SECTION.splice(&existing, &section)
-            };
-            (section, file)
-        }
-        Output::SideBySide(side) => {
-            let section = side.markdown();
-            let file = if existing.is_empty() {
-                format!("# agentloop benchmark results\n\n{section}")
-            } else {
-                sidebyside::SECTION.splice(&existing, &section)
-            };
-            (section, file)
-        }
+        Output::Matrix(m) => placed(&matrix::SECTION, &existing, m.markdown()),
+        Output::SideBySide(side) => placed(&sidebyside::SECTION, &existing, side.markdown()),
     };
     println!("{printed}");
     if let Some(out) = &options.out {
@@ -137,6 +121,17 @@ enum Output {
     SideBySide(Box<sidebyside::SideBySide>),
     /// `--matrix`: the four setups side by side.
     Matrix(Box<matrix::Matrix>),
+}
+
+/// A section run's output: the section printed, and the results file with it in its place (a
+/// file of its own when there is none yet).
+fn placed(markers: &section::Markers, existing: &str, section: String) -> (String, String) {
+    let file = if existing.is_empty() {
+        format!("# agentloop benchmark results\n\n{section}")
+    } else {
+        markers.splice(existing, &section)
+    };
+    (section, file)
 }
 
 /// `--openclaw`: the stack, then OpenClaw, under the same HTTP load.
