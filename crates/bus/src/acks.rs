@@ -41,6 +41,10 @@ impl Acks {
 
 async fn send(mut rx: mpsc::UnboundedReceiver<jetstream::Message>, gather: Duration) {
     let mut batch = Vec::new();
+    // The connection the last acks went out on: flushed at the end, since an ack is only
+    // written to the client's buffer, and a stopping service may close it before that buffer
+    // reaches the server.
+    let mut client = None;
     while let Some(first) = rx.recv().await {
         batch.push(first);
         // Gathers until the interval is over or the last handle is gone (the service stops and
@@ -57,7 +61,13 @@ async fn send(mut rx: mpsc::UnboundedReceiver<jetstream::Message>, gather: Durat
         }
         for msg in batch.drain(..) {
             ack(&msg).await;
+            client.get_or_insert_with(|| msg.context.client());
         }
+    }
+    if let Some(client) = client
+        && let Err(err) = client.flush().await
+    {
+        tracing::warn!(error = %err, "failed to flush the last acks; their messages will be redelivered");
     }
 }
 
