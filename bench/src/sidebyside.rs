@@ -27,7 +27,8 @@ pub const SECTION: crate::section::Markers = crate::section::Markers {
     end: END,
 };
 
-/// Message counts (OpenClaw takes ~330 ms per message: kept small).
+/// Message counts (OpenClaw takes 130-360 ms per message: kept small, but long enough that
+/// agentloop's figures are those of a warm stack and a p50 of a hundred messages).
 #[derive(Debug, Clone, Copy)]
 pub struct SidePlan {
     /// Warm-up messages per system (not measured; OpenClaw loads lazily on its first).
@@ -43,8 +44,8 @@ pub struct SidePlan {
 impl Default for SidePlan {
     fn default() -> Self {
         Self {
-            warm: 3,
-            seq: 25,
+            warm: 10,
+            seq: 100,
             sessions: 10,
             per_session: 6,
         }
