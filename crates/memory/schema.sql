@@ -764,6 +764,52 @@ $$;
 
 
 --
+-- Name: agentloop_memory_query(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_memory_query(p_text text) RETURNS tsquery
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT coalesce(
+        (SELECT string_agg(quote_literal(lexeme), ' | ')
+         FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, p_text))) AS lexeme),
+        '')::tsquery
+$$;
+
+
+--
+-- Name: agentloop_memory_scope(uuid, text, text, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_memory_scope(p_session uuid, p_sender text, p_channel text, p_principal text, p_user_key text) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE
+        WHEN p_session IS NOT NULL THEN agentloop_memory_user(p_session, p_sender, p_channel)
+        WHEN coalesce(p_principal, '') <> '' THEN 'principal:' || p_principal
+        ELSE nullif(p_user_key, '')
+    END
+$$;
+
+
+--
+-- Name: agentloop_memory_user(uuid, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_memory_user(p_session uuid, p_sender text, p_channel text) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE
+        WHEN coalesce(s.owner, '') <> '' THEN 'principal:' || s.owner
+        WHEN coalesce(p_sender, '') <> '' THEN 'sender:' || coalesce(p_channel, '') || ':' || p_sender
+        ELSE 'session:' || s.key
+    END
+    FROM sessions AS s
+    WHERE s.id = p_session
+$$;
+
+
+--
 -- Name: agentloop_next_epoch(bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -996,6 +1042,25 @@ ALTER SEQUENCE public.long_term_memory_id_seq OWNED BY public.long_term_memory.i
 
 
 --
+-- Name: memories; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.memories (
+    id uuid NOT NULL,
+    agent_id text NOT NULL,
+    user_key text NOT NULL,
+    text text NOT NULL,
+    source text DEFAULT 'tool'::text NOT NULL,
+    search tsvector GENERATED ALWAYS AS (to_tsvector('english'::regconfig, text)) STORED,
+    session_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT memories_source_check CHECK ((source = ANY (ARRAY['tool'::text, 'learned'::text, 'operator'::text]))),
+    CONSTRAINT memories_text_check CHECK (((length(text) >= 1) AND (length(text) <= 4000)))
+);
+
+
+--
 -- Name: runs; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1078,6 +1143,20 @@ CREATE TABLE public.sessions (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     owner text
+);
+
+
+--
+-- Name: skill_snapshots; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.skill_snapshots (
+    session_id uuid NOT NULL,
+    version integer NOT NULL,
+    digest text NOT NULL,
+    skills jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    retired_at timestamp with time zone
 );
 
 
@@ -1180,6 +1259,22 @@ ALTER TABLE ONLY public.long_term_memory
 
 
 --
+-- Name: memories memories_agent_id_user_key_text_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.memories
+    ADD CONSTRAINT memories_agent_id_user_key_text_key UNIQUE (agent_id, user_key, text);
+
+
+--
+-- Name: memories memories_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.memories
+    ADD CONSTRAINT memories_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: runs runs_inbox_seq_key; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1228,6 +1323,14 @@ ALTER TABLE ONLY public.sessions
 
 
 --
+-- Name: skill_snapshots skill_snapshots_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.skill_snapshots
+    ADD CONSTRAINT skill_snapshots_pkey PRIMARY KEY (session_id, version);
+
+
+--
 -- Name: transcript_entries transcript_entries_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1255,6 +1358,20 @@ CREATE INDEX dispatches_expires ON public.dispatches USING btree (expires_at);
 --
 
 CREATE INDEX long_term_memory_agent ON public.long_term_memory USING btree (agent_id, created_at);
+
+
+--
+-- Name: memories_search; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX memories_search ON public.memories USING gin (search);
+
+
+--
+-- Name: memories_user; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX memories_user ON public.memories USING btree (user_key, agent_id, updated_at DESC);
 
 
 --
@@ -1292,6 +1409,14 @@ ALTER TABLE ONLY public.dispatches
 
 ALTER TABLE ONLY public.long_term_memory
     ADD CONSTRAINT long_term_memory_session_id_fkey FOREIGN KEY (session_id) REFERENCES public.sessions(id) ON DELETE SET NULL;
+
+
+--
+-- Name: skill_snapshots skill_snapshots_session_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.skill_snapshots
+    ADD CONSTRAINT skill_snapshots_session_id_fkey FOREIGN KEY (session_id) REFERENCES public.sessions(id) ON DELETE CASCADE;
 
 
 --

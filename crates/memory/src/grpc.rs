@@ -5,6 +5,7 @@ mod convert;
 mod cooldowns;
 mod gateway;
 mod inbox;
+mod memories;
 mod runs;
 mod sessions;
 
@@ -197,6 +198,18 @@ session_service! {
         = "ReportProfileFailure" => cooldowns::failure;
     report_profile_success(pb::ReportProfileSuccessRequest) -> pb::ReportProfileSuccessResponse
         = "ReportProfileSuccess" => cooldowns::success;
+    save_memory(pb::SaveMemoryRequest) -> pb::MemoryRecord
+        = "SaveMemory" => memories::save;
+    search_memories(pb::SearchMemoriesRequest) -> pb::SearchMemoriesResponse
+        = "SearchMemories" => memories::search;
+    forget_memories(pb::ForgetMemoriesRequest) -> pb::ForgetMemoriesResponse
+        = "ForgetMemories" => memories::forget;
+    list_memories(pb::ListMemoriesRequest) -> pb::ListMemoriesResponse
+        = "ListMemories" => memories::list;
+    get_skill_snapshot(pb::GetSkillSnapshotRequest) -> pb::SkillSnapshot
+        = "GetSkillSnapshot" => memories::get_skills;
+    save_skill_snapshot(pb::SaveSkillSnapshotRequest) -> pb::SkillSnapshot
+        = "SaveSkillSnapshot" => memories::save_skills;
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ mod finish;
 mod gateway;
 mod held;
 mod inbox;
+pub(crate) mod memories;
 mod queued;
 mod run_path;
 pub use batch::{BatchCounters, BatchSettings};
@@ -29,6 +30,7 @@ use crate::MemoryError;
 pub use gateway::{Caller, Dispatch, DispatchLookup, SessionInfo, SessionPatch};
 
 pub use inbox::{Enqueued, InboxItem, Taken};
+pub use memories::{Memory, MemoryScope, SkillSnapshot};
 pub use sessions::Claim;
 
 /// The memory store over a Postgres pool. Cheap to clone.

@@ -8,6 +8,13 @@ WITH target AS (
     USING target
     WHERE t.session_id = target.id
     RETURNING t.seq
+), retired AS (
+    -- The next run takes a new skills snapshot.
+    UPDATE skill_snapshots AS k
+    SET retired_at = now()
+    FROM target
+    WHERE k.session_id = target.id AND k.retired_at IS NULL
+    RETURNING k.version
 )
 UPDATE sessions AS s
 SET updated_at = now()

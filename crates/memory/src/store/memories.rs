@@ -1,0 +1,473 @@
+//! Long-term memory per (agent, user) and each session's skills snapshot. The user a call is
+//! about is resolved in SQL (`agentloop_memory_scope`), in the statement that uses it.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{Store, error::translate};
+use crate::MemoryError;
+
+/// Whose memories a call touches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryScope {
+    /// The agent; empty for memories shared by all of the user's agents.
+    pub agent_id: String,
+    /// The user derived from this session (its principal, else the sender, else its key).
+    pub session_id: Option<Uuid>,
+    /// The message's sender, with `session_id`.
+    pub sender_id: String,
+    /// The message's channel, with `session_id`.
+    pub channel: String,
+    /// A gateway principal, without `session_id`.
+    pub principal: String,
+    /// A user key as stored, without either of the above.
+    pub user_key: String,
+}
+
+/// A stored memory.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct Memory {
+    /// Its id.
+    pub id: Uuid,
+    /// The agent ('' when shared across agents).
+    pub agent_id: String,
+    /// The user it belongs to.
+    pub user_key: String,
+    /// What is remembered.
+    pub text: String,
+    /// `tool`, `learned` or `operator`.
+    pub source: String,
+    /// When it was first stored.
+    pub created_at: DateTime<Utc>,
+    /// When it was last stored again.
+    pub updated_at: DateTime<Utc>,
+    /// Relevance to the query, 0..1 (0 outside a search).
+    pub score: f64,
+}
+
+/// A session's skills snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct SkillSnapshot {
+    /// 1 for the session's first.
+    pub version: i32,
+    /// The digest the runner computed over the skills.
+    pub digest: String,
+    /// The skills, as the runner stored them.
+    pub skills: String,
+    /// When it was taken.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The longest memory stored (the column's check says the same).
+pub const MAX_MEMORY_CHARS: usize = 4000;
+
+impl Store {
+    /// Stores `text` for the scope's user; the same text again only refreshes the stored one.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidArgument`] for an empty or too long text or a scope naming no user,
+    /// [`MemoryError::SessionNotFound`] for an unknown session, or a database error.
+    pub async fn save_memory(
+        &self,
+        scope: &MemoryScope,
+        text: &str,
+        source: &str,
+    ) -> Result<Memory, MemoryError> {
+        let text = text.trim();
+        if text.is_empty() || text.chars().count() > MAX_MEMORY_CHARS {
+            return Err(MemoryError::InvalidArgument(format!(
+                "a memory holds 1 to {MAX_MEMORY_CHARS} characters"
+            )));
+        }
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = bind_scope(
+            sqlx::query_as::<_, Memory>(include_str!("queries/save_memory.sql")),
+            scope,
+        )
+        .bind(Uuid::now_v7())
+        .bind(&scope.agent_id)
+        .bind(text)
+        .bind(source)
+        .fetch_optional(&mut *conn)
+        .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?
+            .ok_or_else(|| no_user(scope))
+    }
+
+    /// Returns the scope's memories matching `query` best, at most `limit`, scoring at least
+    /// `min_score`.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn search_memories(
+        &self,
+        scope: &MemoryScope,
+        query: &str,
+        limit: u32,
+        min_score: f64,
+    ) -> Result<Vec<Memory>, MemoryError> {
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = bind_scope(
+            sqlx::query_as::<_, Memory>(include_str!("queries/search_memories.sql")),
+            scope,
+        )
+        .bind(&scope.agent_id)
+        .bind(query)
+        .bind(min_score)
+        .bind(i64::from(limit.clamp(1, 100)))
+        .fetch_all(&mut *conn)
+        .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
+    /// Deletes the scope's memory `id`, or with `id` empty every one `query` matches with at
+    /// least `min_score`; returns the ids deleted.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidArgument`] when neither is given, or a database error.
+    pub async fn forget_memories(
+        &self,
+        scope: &MemoryScope,
+        id: Option<Uuid>,
+        query: &str,
+        min_score: f64,
+    ) -> Result<Vec<Uuid>, MemoryError> {
+        if id.is_none() && query.trim().is_empty() {
+            return Err(MemoryError::InvalidArgument(
+                "forget needs an id or a query".to_owned(),
+            ));
+        }
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = bind_scope(
+            sqlx::query_scalar::<_, Uuid>(include_str!("queries/forget_memories.sql")),
+            scope,
+        )
+        .bind(&scope.agent_id)
+        .bind(id)
+        .bind(query)
+        .bind(min_score)
+        .fetch_all(&mut *conn)
+        .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
+    /// Returns the user the scope resolves to and that user's memories, newest first.
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidArgument`] for a scope naming no user, or a database error.
+    pub async fn list_memories(
+        &self,
+        scope: &MemoryScope,
+        limit: u32,
+    ) -> Result<(String, Vec<Memory>), MemoryError> {
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let who = bind_scope(
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT agentloop_memory_scope($1, $2, $3, $4, $5)",
+            ),
+            scope,
+        )
+        .fetch_one(&mut *conn)
+        .await;
+        let who = conn
+            .settle(who)
+            .map_err(|err| translate(err, Uuid::nil()))?
+            .ok_or_else(|| no_user(scope))?;
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, Memory>(include_str!("queries/list_memories.sql"))
+            .bind(&who)
+            .bind(&scope.agent_id)
+            .bind(i64::from(limit.clamp(1, 1000)))
+            .fetch_all(&mut *conn)
+            .await;
+        let memories = conn
+            .settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?;
+        Ok((who, memories))
+    }
+
+    /// Returns the session's current skills snapshot, if it has one.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn skill_snapshot(
+        &self,
+        session_id: Uuid,
+    ) -> Result<Option<SkillSnapshot>, MemoryError> {
+        let mut conn = self.conn(session_id).await?;
+        let result = sqlx::query_as::<_, SkillSnapshot>(
+            "SELECT version, digest, skills::text AS skills, created_at FROM skill_snapshots \
+             WHERE session_id = $1 AND retired_at IS NULL ORDER BY version DESC LIMIT 1",
+        )
+        .bind(session_id)
+        .fetch_optional(&mut *conn)
+        .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, session_id))
+    }
+
+    /// Takes `skills` as the session's snapshot unless it has a current one already, and
+    /// returns the current one (a snapshot holds until `/new` or `/reset` retires it).
+    ///
+    /// # Errors
+    /// [`MemoryError::InvalidArgument`] for skills that are not JSON,
+    /// [`MemoryError::SessionNotFound`] for an unknown session, or a database error.
+    pub async fn save_skill_snapshot(
+        &self,
+        session_id: Uuid,
+        digest: &str,
+        skills: &str,
+    ) -> Result<SkillSnapshot, MemoryError> {
+        if serde_json::from_str::<serde_json::Value>(skills).is_err() {
+            return Err(MemoryError::InvalidArgument(
+                "skills_json is not JSON".to_owned(),
+            ));
+        }
+        let mut conn = self.conn(session_id).await?;
+        // Only the session's lease owner takes snapshots, so two inserts of one version do not
+        // race in practice; one that does finds the other's row and keeps it.
+        let result = sqlx::query(
+            "INSERT INTO skill_snapshots (session_id, version, digest, skills) \
+             SELECT $1, coalesce(max(version), 0) + 1, $2, $3::jsonb FROM skill_snapshots \
+             WHERE session_id = $1 \
+             HAVING count(*) FILTER (WHERE retired_at IS NULL) = 0 \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(session_id)
+        .bind(digest)
+        .bind(skills)
+        .execute(&mut *conn)
+        .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, session_id))?;
+        self.skill_snapshot(session_id)
+            .await?
+            .ok_or(MemoryError::SessionNotFound(session_id))
+    }
+}
+
+/// Binds `$1..$5`, the arguments of `agentloop_memory_scope`.
+fn bind_scope<'q, Q: BindScope<'q>>(query: Q, scope: &'q MemoryScope) -> Q {
+    query
+        .bind_uuid(scope.session_id)
+        .bind_str(&scope.sender_id)
+        .bind_str(&scope.channel)
+        .bind_str(&scope.principal)
+        .bind_str(&scope.user_key)
+}
+
+/// The two query kinds the scope is bound to.
+trait BindScope<'q>: Sized {
+    fn bind_uuid(self, value: Option<Uuid>) -> Self;
+    fn bind_str(self, value: &'q str) -> Self;
+}
+
+type Args = sqlx::postgres::PgArguments;
+
+impl<'q, O> BindScope<'q> for sqlx::query::QueryAs<'q, sqlx::Postgres, O, Args> {
+    fn bind_uuid(self, value: Option<Uuid>) -> Self {
+        self.bind(value)
+    }
+    fn bind_str(self, value: &'q str) -> Self {
+        self.bind(value)
+    }
+}
+
+impl<'q, O> BindScope<'q> for sqlx::query::QueryScalar<'q, sqlx::Postgres, O, Args> {
+    fn bind_uuid(self, value: Option<Uuid>) -> Self {
+        self.bind(value)
+    }
+    fn bind_str(self, value: &'q str) -> Self {
+        self.bind(value)
+    }
+}
+
+fn no_user(scope: &MemoryScope) -> MemoryError {
+    match scope.session_id {
+        Some(session) => MemoryError::SessionNotFound(session),
+        None => MemoryError::InvalidArgument(
+            "a memory scope needs a session, a principal or a user key".to_owned(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::PgPool;
+
+    use super::*;
+
+    async fn session(store: &Store, key: &str, owner: Option<&str>) -> Uuid {
+        let id = Uuid::now_v7();
+        sqlx::query("INSERT INTO sessions (id, key, owner) VALUES ($1, $2, $3)")
+            .bind(id)
+            .bind(key)
+            .bind(owner)
+            .execute(store.shared.pool())
+            .await
+            .unwrap();
+        id
+    }
+
+    fn of_session(session: Uuid, sender: &str) -> MemoryScope {
+        MemoryScope {
+            agent_id: "main".into(),
+            session_id: Some(session),
+            sender_id: sender.into(),
+            channel: "cli".into(),
+            ..Default::default()
+        }
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn a_memory_is_found_by_a_paraphrase_and_only_by_its_user(pool: PgPool) {
+        let store = Store::new(pool);
+        let a1 = session(&store, "a-first", None).await;
+        let a2 = session(&store, "a-second", None).await;
+        let b = session(&store, "b", None).await;
+        let saved = store
+            .save_memory(
+                &of_session(a1, "alice"),
+                "Alice drinks green tea every morning",
+                "tool",
+            )
+            .await
+            .unwrap();
+        assert_eq!(saved.user_key, "sender:cli:alice");
+
+        let found = store
+            .search_memories(&of_session(a2, "alice"), "What tea do I drink?", 5, 0.0)
+            .await
+            .unwrap();
+        assert_eq!(
+            found.len(),
+            1,
+            "the same sender in another session finds it"
+        );
+        assert!(found[0].score > 0.0);
+        let other = store
+            .search_memories(&of_session(b, "bob"), "What tea do I drink?", 5, 0.0)
+            .await
+            .unwrap();
+        assert!(other.is_empty(), "another user finds nothing: {other:?}");
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn a_gateway_principal_wins_over_the_sender_id_a_client_names(pool: PgPool) {
+        let store = Store::new(pool);
+        let alice = session(&store, "web:a", Some("alice")).await;
+        let mallory = session(&store, "web:m", Some("mallory")).await;
+        store
+            .save_memory(&of_session(alice, "x"), "The vault code is 4711", "tool")
+            .await
+            .unwrap();
+        // Mallory's client says it is Alice's sender.
+        let stolen = store
+            .search_memories(&of_session(mallory, "x"), "vault code", 5, 0.0)
+            .await
+            .unwrap();
+        assert!(stolen.is_empty(), "{stolen:?}");
+        let by_principal = MemoryScope {
+            agent_id: "main".into(),
+            principal: "alice".into(),
+            ..Default::default()
+        };
+        let (user, listed) = store.list_memories(&by_principal, 10).await.unwrap();
+        assert_eq!(user, "principal:alice");
+        assert_eq!(listed.len(), 1);
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn saving_the_same_text_twice_keeps_one_and_forget_removes_it(pool: PgPool) {
+        let store = Store::new(pool);
+        let s = session(&store, "k", None).await;
+        let scope = of_session(s, "");
+        let first = store
+            .save_memory(&scope, "likes jazz", "tool")
+            .await
+            .unwrap();
+        let again = store
+            .save_memory(&scope, " likes jazz ", "tool")
+            .await
+            .unwrap();
+        assert_eq!(first.id, again.id);
+        assert_eq!(
+            first.user_key, "session:k",
+            "no sender: the session is the user"
+        );
+
+        let forgotten = store
+            .forget_memories(&scope, None, "jazz music", 0.0)
+            .await
+            .unwrap();
+        assert_eq!(forgotten, vec![first.id]);
+        assert!(
+            store
+                .search_memories(&scope, "jazz", 5, 0.0)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(matches!(
+            store.forget_memories(&scope, None, " ", 0.0).await,
+            Err(MemoryError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            store.save_memory(&scope, "  ", "tool").await,
+            Err(MemoryError::InvalidArgument(_))
+        ));
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn memories_are_kept_per_agent(pool: PgPool) {
+        let store = Store::new(pool);
+        let s = session(&store, "k", None).await;
+        let main = of_session(s, "u");
+        let other = MemoryScope {
+            agent_id: "coder".into(),
+            ..main.clone()
+        };
+        store
+            .save_memory(&main, "prefers metric units", "tool")
+            .await
+            .unwrap();
+        assert!(
+            store
+                .search_memories(&other, "units", 5, 0.0)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            store
+                .search_memories(&main, "units", 5, 0.0)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn a_skills_snapshot_holds_until_a_reset_retires_it(pool: PgPool) {
+        let store = Store::new(pool);
+        let s = session(&store, "k", None).await;
+        assert_eq!(store.skill_snapshot(s).await.unwrap(), None);
+        let first = store.save_skill_snapshot(s, "d1", "[]").await.unwrap();
+        assert_eq!((first.version, first.digest.as_str()), (1, "d1"));
+        let kept = store.save_skill_snapshot(s, "d2", "[1]").await.unwrap();
+        assert_eq!(kept, first, "a current snapshot is kept");
+
+        let caller = super::super::Caller {
+            principal: None,
+            admin: true,
+        };
+        store.reset_session("k", &caller).await.unwrap();
+        assert_eq!(store.skill_snapshot(s).await.unwrap(), None);
+        let second = store.save_skill_snapshot(s, "d2", "[1]").await.unwrap();
+        assert_eq!((second.version, second.digest.as_str()), (2, "d2"));
+    }
+}
