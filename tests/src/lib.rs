@@ -20,6 +20,8 @@ mod harness;
 #[cfg(test)]
 mod inbox_cap;
 #[cfg(test)]
+mod knowledge;
+#[cfg(test)]
 mod poison;
 #[cfg(test)]
 mod principals;

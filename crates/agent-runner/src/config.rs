@@ -75,6 +75,30 @@ pub struct AgentConfig {
     pub reserve_tokens: usize,
     /// Run timeout; 0 uses `runner.run_timeout_ms`.
     pub run_timeout_ms: u64,
+    /// Operator files put in the system prompt, in order (each capped; a missing one is logged
+    /// and left out).
+    pub context_files: Vec<std::path::PathBuf>,
+    /// Skill folders of this agent's own, read after `runner.skills_dir` (a skill here wins
+    /// over a global one of the same name).
+    pub skills_dirs: Vec<std::path::PathBuf>,
+    /// The skills offered, by name; empty or `*` offers every skill found.
+    pub skills: Vec<String>,
+    /// Long-term memory: `agent` (per agent and user), `shared` (per user, across agents) or
+    /// `off` (no memory tools, nothing recalled).
+    pub memory: MemoryMode,
+}
+
+/// Whose long-term memory an agent reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryMode {
+    /// Kept per agent and user.
+    #[default]
+    Agent,
+    /// Kept per user, shared by every agent with this mode.
+    Shared,
+    /// No memory.
+    Off,
 }
 
 impl Default for AgentConfig {
@@ -90,6 +114,10 @@ impl Default for AgentConfig {
             context_window_tokens: 128_000,
             reserve_tokens: 16_384,
             run_timeout_ms: 0,
+            context_files: Vec::new(),
+            skills_dirs: Vec::new(),
+            skills: Vec::new(),
+            memory: MemoryMode::Agent,
         }
     }
 }
@@ -142,6 +170,9 @@ pub struct RunnerSettings {
     /// A remote tool can never take a built-in's name, whatever this says.
     #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub remote_tools_allow: Vec<String>,
+    /// A folder of skills (one folder per skill holding a `SKILL.md`) every agent sees;
+    /// empty for none.
+    pub skills_dir: String,
 }
 
 impl Default for RunnerSettings {
@@ -166,6 +197,7 @@ impl Default for RunnerSettings {
             tool_update_interval_ms: 5_000,
             hooks: Vec::new(),
             remote_tools_allow: vec!["*".to_owned()],
+            skills_dir: String::new(),
         }
     }
 }

@@ -13,6 +13,10 @@ use agentloop_proto::v1::{
     ProfileCooldown, ReleaseSessionRequest, RenewLeaseRequest, ReportProfileFailureRequest,
     ReportProfileSuccessRequest, TakeNextRequest, TakeNextResponse, TakeQueuedRequest,
 };
+use agentloop_proto::v1::{
+    ForgetMemoriesRequest, GetSkillSnapshotRequest, MemoryRecord, MemoryScope, SaveMemoryRequest,
+    SaveSkillSnapshotRequest, SearchMemoriesRequest, SkillSnapshot,
+};
 use agentloop_telemetry::TracedChannel;
 
 use crate::error::MemoryCallError;
@@ -246,4 +250,111 @@ impl MemoryClient {
             tracing::debug!(error = %err, "could not record the profile's success");
         }
     }
+
+    /// Stores a memory for the scope's user (asked once: the tool reports a failure).
+    pub(crate) async fn save_memory(
+        &self,
+        scope: MemoryScope,
+        text: &str,
+    ) -> Result<MemoryRecord, MemoryCallError> {
+        let request = SaveMemoryRequest {
+            scope: Some(scope),
+            text: text.to_owned(),
+            source: "tool".to_owned(),
+        };
+        self.once(request, async |m, r| m.save_memory(r).await)
+            .await
+    }
+
+    /// The scope's memories matching `query` best.
+    pub(crate) async fn search_memories(
+        &self,
+        scope: MemoryScope,
+        query: &str,
+        limit: u32,
+        min_score: f64,
+    ) -> Result<Vec<MemoryRecord>, MemoryCallError> {
+        let request = SearchMemoriesRequest {
+            scope: Some(scope),
+            query: query.to_owned(),
+            limit,
+            min_score,
+        };
+        self.once(request, async |m, r| m.search_memories(r).await)
+            .await
+            .map(|response| response.memories)
+    }
+
+    /// Deletes the scope's memory `id`, or those `query` matches; returns the ids deleted.
+    pub(crate) async fn forget_memories(
+        &self,
+        scope: MemoryScope,
+        id: &str,
+        query: &str,
+        min_score: f64,
+    ) -> Result<Vec<String>, MemoryCallError> {
+        let request = ForgetMemoriesRequest {
+            scope: Some(scope),
+            id: id.to_owned(),
+            query: query.to_owned(),
+            min_score,
+        };
+        self.once(request, async |m, r| m.forget_memories(r).await)
+            .await
+            .map(|response| response.ids)
+    }
+
+    /// The session's current skills snapshot (version 0: none).
+    pub(crate) async fn skill_snapshot(
+        &self,
+        session_id: &str,
+    ) -> Result<SkillSnapshot, MemoryCallError> {
+        let request = GetSkillSnapshotRequest {
+            session_id: session_id.to_owned(),
+        };
+        self.once(request, async |m, r| m.get_skill_snapshot(r).await)
+            .await
+    }
+
+    /// Takes a snapshot unless the session has a current one; returns the current one.
+    pub(crate) async fn save_skill_snapshot(
+        &self,
+        session_id: &str,
+        digest: String,
+        skills_json: String,
+    ) -> Result<SkillSnapshot, MemoryCallError> {
+        let request = SaveSkillSnapshotRequest {
+            session_id: session_id.to_owned(),
+            digest,
+            skills_json,
+        };
+        self.once(request, async |m, r| m.save_skill_snapshot(r).await)
+            .await
+    }
+}
+
+/// Whose memories a run's calls touch: memory derives the user from the session (its gateway
+/// principal, else the sender on the channel, else the session key), so the runner never names
+/// a user itself. `None` when the agent keeps no memory.
+pub(crate) fn memory_scope(
+    agent_id: &str,
+    mode: crate::config::MemoryMode,
+    session_id: &str,
+    sender_id: &str,
+    channel: &str,
+) -> Option<MemoryScope> {
+    use crate::config::MemoryMode;
+    let shared = match mode {
+        MemoryMode::Off => return None,
+        MemoryMode::Agent => false,
+        MemoryMode::Shared => true,
+    };
+    Some(MemoryScope {
+        agent_id: agent_id.to_owned(),
+        session_id: session_id.to_owned(),
+        sender_id: sender_id.to_owned(),
+        channel: channel.to_owned(),
+        shared_across_agents: shared,
+        ..Default::default()
+    })
 }

@@ -1,5 +1,5 @@
-//! The model's context: the system prompt (identity, instructions, tools, session context) and
-//! the conversation rebuilt from the transcript, trimmed to fit the model's window.
+//! The conversation the model is sent, rebuilt from the transcript and trimmed to fit the
+//! model's window, and the token estimates every part of the context is counted with.
 
 use std::collections::HashSet;
 
@@ -56,6 +56,11 @@ fn message_tokens(message: &ChatMessage) -> usize {
     }
 }
 
+/// Estimates the tokens of the conversation alone.
+pub(crate) fn messages_tokens(messages: &[ChatMessage]) -> usize {
+    messages.iter().map(message_tokens).sum()
+}
+
 /// Estimates the tokens of a whole request.
 pub(crate) fn estimate_request(
     messages: &[ChatMessage],
@@ -70,49 +75,6 @@ pub(crate) fn estimate_request(
 /// Returns the message that stands for a compacted stretch of conversation.
 pub(crate) fn summary_message(summary: &str) -> ChatMessage {
     ChatMessage::user(format!("[Summary of the earlier conversation]\n{summary}"))
-}
-
-/// Inputs of the system prompt.
-pub(crate) struct PromptParts<'a> {
-    pub(crate) agent_id: &'a str,
-    pub(crate) identity: &'a str,
-    pub(crate) instructions: &'a str,
-    pub(crate) tools: &'a [ToolSpec],
-    pub(crate) session_key: &'a str,
-    pub(crate) channel: &'a str,
-    pub(crate) extra_context: Option<&'a str>,
-}
-
-/// Assembles the system prompt.
-pub(crate) fn system_prompt(parts: &PromptParts<'_>) -> String {
-    use std::fmt::Write as _;
-    // Written in place: a `format!` per piece cost an allocation each, on every model call.
-    let mut prompt = String::with_capacity(512);
-    if parts.identity.is_empty() {
-        let _ = write!(prompt, "You are {}, an AI assistant.", parts.agent_id);
-    } else {
-        prompt.push_str(parts.identity);
-    }
-    if !parts.instructions.is_empty() {
-        prompt.push_str("\n\n");
-        prompt.push_str(parts.instructions);
-    }
-    if !parts.tools.is_empty() {
-        prompt.push_str("\n\n## Tools\nYou can call these tools:\n");
-        for tool in parts.tools {
-            let _ = writeln!(prompt, "- {}: {}", tool.name, tool.description);
-        }
-    }
-    let _ = write!(
-        prompt,
-        "\n\n## Session\nConversation: {}\nChannel: {}\nReply NO_REPLY (alone) when no message should be sent.",
-        parts.session_key, parts.channel
-    );
-    if let Some(extra) = parts.extra_context.filter(|c| !c.is_empty()) {
-        prompt.push_str("\n\n## Context\n");
-        prompt.push_str(extra);
-    }
-    prompt
 }
 
 /// Rebuilds the conversation from transcript entries. Tool calls that never got a result (a run
@@ -333,27 +295,5 @@ mod tests {
         ];
         fit(&mut messages, "system", &[], 200);
         assert_eq!(messages, vec![ChatMessage::user("latest")]);
-    }
-
-    #[test]
-    fn the_system_prompt_lists_tools_and_session() {
-        let tools = vec![ToolSpec {
-            name: "current_time".into(),
-            description: "now".into(),
-            parameters: serde_json::json!({}),
-        }];
-        let prompt = system_prompt(&PromptParts {
-            agent_id: "main",
-            identity: "",
-            instructions: "Be brief.",
-            tools: &tools,
-            session_key: "cli:a",
-            channel: "cli",
-            extra_context: Some("likes tea"),
-        });
-        assert!(prompt.starts_with("You are main"));
-        for needle in ["Be brief.", "- current_time: now", "cli:a", "likes tea"] {
-            assert!(prompt.contains(needle), "{needle} missing from {prompt}");
-        }
     }
 }

@@ -33,6 +33,8 @@ pub(crate) struct Replica {
     /// Profiles, fallbacks, thinking level and context windows for the recovery chain.
     pub(crate) models_config: ModelsConfig,
     pub(crate) settings: RunnerSettings,
+    /// How many memories go into a run's context, and how relevant they must be.
+    pub(crate) recall: crate::context::Recall,
     pub(crate) owner_id: String,
     /// Sessions this replica holds the lease of, with the signals of their live run.
     owned: Mutex<HashMap<String, Arc<SessionSignals>>>,
@@ -97,6 +99,10 @@ impl Replica {
             models: parts.models,
             models_config: config.models.clone(),
             settings: config.runner.clone(),
+            recall: crate::context::Recall {
+                k: config.memory.recall_k,
+                min_score: config.memory.recall_min_score,
+            },
             owner_id: parts.owner_id,
             owned: Mutex::new(HashMap::new()),
             agents: config

@@ -17,7 +17,7 @@ use crate::admission::Admission;
 use crate::hooks::Hooks;
 use crate::memory::MemoryClient;
 use crate::replica::{Metrics, Parts, Replica, SERVICE};
-use crate::tools::{CurrentTime, SendMessage, SessionHistory, Tool, remote::Admit};
+use crate::tools::{Tool, remote::Admit};
 use crate::{Extensions, RunnerConfig, RunnerError, control, intake};
 
 /// Runs sessions until `shutdown`, reporting readiness into `health`.
@@ -42,11 +42,7 @@ pub(crate) async fn serve(
     let memory = MemoryClient::new(channel);
     let ack_stop = CancellationToken::new();
     let (acks, acker) = crate::acks::start(memory.clone(), ack_stop.clone());
-    let mut local_tools: Vec<Arc<dyn Tool>> = vec![
-        Arc::new(CurrentTime),
-        Arc::new(SessionHistory),
-        Arc::new(SendMessage),
-    ];
+    let mut local_tools: Vec<Arc<dyn Tool>> = crate::tools::builtins();
     local_tools.extend(extensions.tools);
     let replica = Arc::new(Replica::new(
         &config,

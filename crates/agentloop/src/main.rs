@@ -2,6 +2,7 @@
 
 mod all;
 mod chat;
+mod knowledge;
 mod send;
 mod trim;
 
@@ -17,6 +18,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const USAGE: &str = "usage: agentloop <gateway|router|runner|memory|delivery|all> [--config PATH]
        agentloop send SESSION TEXT [--url URL] [--token TOKEN]   (prints the final reply)
        agentloop chat SESSION [--url URL] [--token TOKEN]        (interactive, streams replies)
+       agentloop prompt SESSION [--message TEXT] [--sender ID] [--json]  (what the model would get)
+       agentloop agents list [--json]
+       agentloop memory list|forget (--user KEY | --principal NAME) [--agent ID] [--id ID | --query TEXT]
 
 Starts one agentloop service, or every service in one process (all).
 Configuration: --config PATH or AGENTLOOP_CONFIG (TOML), overridden by AGENTLOOP_<SECTION>__<KEY>,
@@ -108,6 +112,19 @@ async fn start(command: String) -> anyhow::Result<()> {
     match command.as_str() {
         "chat" => return chat::run(&args).await,
         "send" => return send::run(&args).await,
+        "prompt" => return knowledge::prompt(&args).await,
+        "agents" => return knowledge::agents(&args),
+        "memory"
+            if matches!(
+                args.iter()
+                    .skip_while(|a| *a != "memory")
+                    .nth(1)
+                    .map(String::as_str),
+                Some("list" | "forget")
+            ) =>
+        {
+            return knowledge::memory(&args).await;
+        }
         _ => {}
     }
     let telemetry: TelemetrySection =

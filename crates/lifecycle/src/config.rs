@@ -76,6 +76,10 @@ pub struct MemoryEndpoint {
     pub tls_ca_file: String,
     /// Name memory's certificate must carry, when not the host of `url`; empty checks the host.
     pub tls_domain: String,
+    /// Memories recalled into the context of a run's first model turn (`0`: none).
+    pub recall_k: u32,
+    /// Recalled memories score at least this (0..1, full-text rank).
+    pub recall_min_score: f64,
 }
 
 impl Default for MemoryEndpoint {
@@ -85,6 +89,8 @@ impl Default for MemoryEndpoint {
             secret: String::new(),
             tls_ca_file: String::new(),
             tls_domain: String::new(),
+            recall_k: 5,
+            recall_min_score: 0.01,
         }
     }
 }

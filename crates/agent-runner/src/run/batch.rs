@@ -123,7 +123,8 @@ pub(super) fn toolset(ctx: &RunCtx<'_>) -> Arc<ToolSet> {
                 .cloned()
                 .chain(replica.remote_tools.tools())
                 .collect();
-            ToolSet::build(known, &agent.tools_allow, &agent.tools_deny)
+            let deny = crate::tools::denied(agent, &replica.settings.skills_dir);
+            ToolSet::build(known, &agent.tools_allow, &deny)
         })
 }
 

@@ -388,6 +388,8 @@ impl RunCtx<'_> {
             call_id: call_id.to_owned(),
             channel: self.command.channel.clone(),
             sender_id: self.command.sender_id.clone(),
+            agent_id: agent_id(self.command).to_owned(),
+            memory: self.agent.memory,
             services: Some(ToolServices {
                 bus: self.replica.bus.clone(),
                 memory: self.replica.memory.clone(),

@@ -14,7 +14,7 @@ use super::{Outcome, RunCtx, RunState, agent_id};
 use crate::error::MemoryCallError;
 use crate::history::Window;
 use crate::hooks::HookPoint;
-use crate::prompt;
+use crate::{context, prompt};
 
 /// Builds the context, then turns model answers and tool batches until a final answer.
 pub(super) async fn converse(
@@ -37,6 +37,8 @@ pub(super) async fn converse(
             });
         }
     }
+    // What the memories are recalled for: the message (and those collected with it).
+    let start_inputs: Vec<String> = inputs.iter().map(|i| i.text.clone()).collect();
     // The history came with the input; a resumed run finds its own steps in it already.
     let start = resume::start(&history, &ctx.run.id, inputs);
     state.unwritten.extend(
@@ -77,17 +79,44 @@ pub(super) async fn converse(
     } else {
         ctx.agent.instructions.as_str()
     };
-    let system = begin.system_prompt.unwrap_or_else(|| {
-        prompt::system_prompt(&prompt::PromptParts {
-            agent_id: agent_id(command),
-            identity: &ctx.agent.identity,
-            instructions,
-            tools: &specs,
-            session_key: &command.session_key,
-            channel: &command.channel,
-            extra_context: begin.context.as_deref(),
-        })
-    });
+    let system = match begin.system_prompt {
+        Some(system) => system,
+        None => {
+            let query: Vec<&str> = start_inputs.iter().map(String::as_str).collect();
+            let who = context::Who {
+                agent_id: agent_id(command),
+                mode: ctx.agent.memory,
+                session_id: ctx.session_id,
+                sender_id: &command.sender_id,
+                channel: &command.channel,
+            };
+            let gathered = context::gather(
+                &replica.memory,
+                &replica.recall,
+                &replica.settings.skills_dir,
+                &ctx.agent,
+                &who,
+                &query.join("\n"),
+                context::Snapshot::Take,
+            )
+            .await;
+            let parts = context::parts(&context::Inputs {
+                agent_id: agent_id(command),
+                identity: &ctx.agent.identity,
+                instructions,
+                tools: &specs,
+                files: &gathered.files,
+                skills: &gathered.skills,
+                memories: &gathered.memories,
+                session_key: &command.session_key,
+                channel: &command.channel,
+                sender_id: &command.sender_id,
+                date: &context::today(),
+                hook_context: begin.context.as_deref(),
+            });
+            context::system_prompt(&parts)
+        }
+    };
     let budget = ctx
         .agent
         .context_window_tokens

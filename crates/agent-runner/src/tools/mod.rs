@@ -2,6 +2,7 @@
 //! over NATS, and the per-agent registry with allow and deny lists.
 
 mod builtin;
+mod knowledge;
 pub(crate) mod remote;
 
 use std::collections::BTreeMap;
@@ -13,6 +14,35 @@ use futures::future::BoxFuture;
 use agentloop_model::ToolSpec;
 
 pub(crate) use builtin::{CurrentTime, SendMessage, SessionHistory};
+pub(crate) use knowledge::{
+    LOAD_SKILL, LoadSkill, MEMORY_TOOLS, MemoryForget, MemorySave, MemorySearch,
+};
+
+/// The runner's own tools, in the order they win over a remote tool of the same name.
+pub(crate) fn builtins() -> Vec<Arc<dyn Tool>> {
+    vec![
+        Arc::new(CurrentTime),
+        Arc::new(SessionHistory),
+        Arc::new(SendMessage),
+        Arc::new(MemorySave),
+        Arc::new(MemorySearch),
+        Arc::new(MemoryForget),
+        Arc::new(LoadSkill),
+    ]
+}
+
+/// The tools an agent is not offered: its deny list, and the tools over what it does not have
+/// (memory when it keeps none, `load_skill` without skill folders).
+pub(crate) fn denied(agent: &crate::AgentConfig, skills_dir: &str) -> Vec<String> {
+    let mut deny = agent.tools_deny.clone();
+    if agent.memory == crate::config::MemoryMode::Off {
+        deny.extend(MEMORY_TOOLS.iter().map(|&t| t.to_owned()));
+    }
+    if crate::context::skill_dirs(skills_dir, agent).is_empty() {
+        deny.push(LOAD_SKILL.to_owned());
+    }
+    deny
+}
 
 /// What a tool sees of the run that calls it.
 #[derive(Clone)]
@@ -29,6 +59,10 @@ pub struct ToolContext {
     pub channel: String,
     /// Who sent the run's input.
     pub sender_id: String,
+    /// The agent running.
+    pub agent_id: String,
+    /// Whose memory the agent keeps.
+    pub memory: crate::config::MemoryMode,
     pub(crate) services: Option<ToolServices>,
     pub(crate) sends: Option<Arc<std::sync::Mutex<Vec<SentMessage>>>>,
 }
