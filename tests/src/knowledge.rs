@@ -205,9 +205,18 @@ async fn a_fact_of_one_user_is_recalled_in_their_new_session_never_in_anothers_a
  {
     let sandbox = Sandbox::start().await.unwrap();
     let mut replies = sandbox.subscribe("deliver.>").await;
+    // Nothing is stored yet: the runner notes that for a few seconds and asks no more...
+    ask(&sandbox, &mut replies, "alice-1", "alice", "", "hello").await;
     let save = r#"[[tool:memory_save:{"text":"Alice keeps bees on her roof in Lisbon"}]]"#;
     let saved = ask(&sandbox, &mut replies, "alice-1", "alice", "", save).await;
     assert!(saved.contains("\"id\""), "{saved}");
+    // ...until a save: the next run of the same session recalls it at once.
+    let same = "Tell me about bees in Lisbon";
+    ask(&sandbox, &mut replies, "alice-1", "alice", "", same).await;
+    assert!(
+        system_for(&sandbox, same).contains("- Alice keeps bees on her roof in Lisbon"),
+        "a memory saved here was not recalled by the session's next run"
+    );
 
     let question = "Where do my bees live?";
     ask(&sandbox, &mut replies, "alice-2", "alice", "", question).await;

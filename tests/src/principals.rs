@@ -359,3 +359,79 @@ async fn a_non_admin_may_switch_only_to_allowlisted_models_and_not_the_thinking_
     gateway.stop().await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn principal_b_naming_as_sender_cannot_recall_list_or_forget_as_memories() {
+    // Arrange: alice saves a memory through her own session.
+    let sandbox = Sandbox::start().await.unwrap();
+    let gateway = gateway(&sandbox, json!({})).await;
+    let mut alice = Client::connected_at(gateway.addr, Some(ALICE))
+        .await
+        .unwrap();
+    let save = r#"[[tool:memory_save:{"text":"alice's locker code is 4711"}]]"#;
+    let id = alice
+        .send(
+            "agent",
+            json!({"message": save, "sessionKey": KEY, "senderId": "alice"}),
+        )
+        .await
+        .unwrap();
+    alice.response(&id).await.unwrap();
+    let done = alice.response(&id).await.unwrap();
+    assert_eq!(done["payload"]["status"], "ok", "{done}");
+    let mut bob = Client::connected_at(gateway.addr, Some(BOB)).await.unwrap();
+
+    // Act: bob's client claims alice's sender id and asks about the code, then lists and forgets.
+    let question = "what is the locker code?";
+    let id = bob
+        .send(
+            "agent",
+            json!({"message": question, "sessionKey": "bob:x", "senderId": "alice"}),
+        )
+        .await
+        .unwrap();
+    bob.response(&id).await.unwrap();
+    bob.response(&id).await.unwrap();
+    let bobs_list = bob.call("memory.list", json!({})).await.unwrap();
+    let bobs_forget = bob
+        .call("memory.forget", json!({"query": "locker code"}))
+        .await
+        .unwrap();
+
+    // Assert: nothing of alice's reached bob's model, list or forget; alice still has it.
+    let requests = sandbox.fake.requests();
+    let bobs_request = requests
+        .iter()
+        .rev()
+        .find(|r| r.body.to_string().contains(question))
+        .expect("bob's message reached the model");
+    assert!(
+        !bobs_request.body.to_string().contains("4711"),
+        "alice's memory reached bob's context"
+    );
+    assert_eq!(bobs_list["payload"]["memories"], json!([]), "{bobs_list}");
+    assert_eq!(
+        bobs_forget["payload"]["forgotten"],
+        json!([]),
+        "{bobs_forget}"
+    );
+    let alices = alice.call("memory.list", json!({})).await.unwrap();
+    let texts: Vec<&str> = alices["payload"]["memories"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{alices}"))
+        .iter()
+        .filter_map(|m| m["text"].as_str())
+        .collect();
+    assert_eq!(texts, vec!["alice's locker code is 4711"]);
+    let forgot = alice
+        .call("memory.forget", json!({"query": "locker"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        forgot["payload"]["forgotten"].as_array().map(Vec::len),
+        Some(1),
+        "{forgot}"
+    );
+    gateway.stop().await.unwrap();
+    sandbox.shutdown().await.unwrap();
+}

@@ -380,7 +380,7 @@ pub(crate) async fn recall(
         return Vec::new();
     };
     match memory
-        .search_memories(scope, query, settings.k, settings.min_score)
+        .recall_memories(scope, query, settings.k, settings.min_score)
         .await
     {
         Ok(found) => found.into_iter().map(|m| m.text).collect(),

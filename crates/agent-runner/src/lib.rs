@@ -22,6 +22,7 @@ mod owner;
 mod preview;
 mod prompt;
 mod queue_full;
+mod recall_cache;
 mod replica;
 mod run;
 mod service;

@@ -30,6 +30,8 @@ type Grpc = SessionServiceClient<TracedChannel>;
 #[derive(Clone)]
 pub(crate) struct MemoryClient {
     grpc: Grpc,
+    /// Users with nothing to recall, shared by every clone.
+    recalled: std::sync::Arc<crate::recall_cache::RecallCache>,
 }
 
 impl MemoryClient {
@@ -37,6 +39,7 @@ impl MemoryClient {
     pub(crate) fn new(channel: TracedChannel) -> Self {
         Self {
             grpc: SessionServiceClient::new(channel),
+            recalled: std::sync::Arc::default(),
         }
     }
 
@@ -262,8 +265,38 @@ impl MemoryClient {
             text: text.to_owned(),
             source: "tool".to_owned(),
         };
-        self.once(request, async |m, r| m.save_memory(r).await)
-            .await
+        let saved = self
+            .once(request, async |m, r| m.save_memory(r).await)
+            .await;
+        self.recalled.saved();
+        saved
+    }
+
+    /// What to recall for `query`: [`Self::search_memories`], unless the scope recalled
+    /// nothing moments ago (see `recall_cache`).
+    pub(crate) async fn recall_memories(
+        &self,
+        scope: MemoryScope,
+        query: &str,
+        limit: u32,
+        min_score: f64,
+    ) -> Result<Vec<MemoryRecord>, MemoryCallError> {
+        let key = crate::recall_cache::RecallCache::key(&scope);
+        if self.recalled.known_empty(&key, std::time::Instant::now()) {
+            return Ok(Vec::new());
+        }
+        let request = SearchMemoriesRequest {
+            scope: Some(scope),
+            query: query.to_owned(),
+            limit,
+            min_score,
+        };
+        let found = self
+            .once(request, async |m, r| m.search_memories(r).await)
+            .await?;
+        self.recalled
+            .record(key, !found.none_stored, std::time::Instant::now());
+        Ok(found.memories)
     }
 
     /// The scope's memories matching `query` best.

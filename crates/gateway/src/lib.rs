@@ -13,6 +13,7 @@ mod guard;
 mod history;
 mod http;
 mod limits;
+mod memories;
 mod methods;
 mod openai;
 mod params;

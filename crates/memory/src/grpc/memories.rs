@@ -96,12 +96,13 @@ pub(super) async fn search(
     } else {
         req.limit.min(MAX_RESULTS)
     };
-    let found = api
+    let (found, none_stored) = api
         .store()?
         .search_memories(&scope(req.scope)?, &req.query, limit, req.min_score)
         .await?;
     Ok(pb::SearchMemoriesResponse {
         memories: found.into_iter().map(record).collect(),
+        none_stored,
     })
 }
 

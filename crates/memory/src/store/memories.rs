@@ -96,7 +96,7 @@ impl Store {
     }
 
     /// Returns the scope's memories matching `query` best, at most `limit`, scoring at least
-    /// `min_score`.
+    /// `min_score`, and whether the user has no memories at all (asked only when none match).
     ///
     /// # Errors
     /// A database error.
@@ -106,7 +106,7 @@ impl Store {
         query: &str,
         limit: u32,
         min_score: f64,
-    ) -> Result<Vec<Memory>, MemoryError> {
+    ) -> Result<(Vec<Memory>, bool), MemoryError> {
         let mut conn = self.conn(Uuid::nil()).await?;
         let result = bind_scope(
             sqlx::query_as::<_, Memory>(include_str!("queries/search_memories.sql")),
@@ -118,8 +118,27 @@ impl Store {
         .bind(i64::from(limit.clamp(1, 100)))
         .fetch_all(&mut *conn)
         .await;
-        conn.settle(result)
-            .map_err(|err| translate(err, Uuid::nil()))
+        let found = conn
+            .settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?;
+        if !found.is_empty() {
+            return Ok((found, false));
+        }
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = bind_scope(
+            sqlx::query_scalar::<_, bool>(
+                "SELECT NOT EXISTS (SELECT 1 FROM memories \
+                 WHERE user_key = agentloop_memory_scope($1, $2, $3, $4, $5) AND agent_id = $6)",
+            ),
+            scope,
+        )
+        .bind(&scope.agent_id)
+        .fetch_one(&mut *conn)
+        .await;
+        let none = conn
+            .settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?;
+        Ok((found, none))
     }
 
     /// Deletes the scope's memory `id`, or with `id` empty every one `query` matches with at
@@ -341,7 +360,8 @@ mod tests {
         let found = store
             .search_memories(&of_session(a2, "alice"), "What tea do I drink?", 5, 0.0)
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         assert_eq!(
             found.len(),
             1,
@@ -351,7 +371,8 @@ mod tests {
         let other = store
             .search_memories(&of_session(b, "bob"), "What tea do I drink?", 5, 0.0)
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         assert!(other.is_empty(), "another user finds nothing: {other:?}");
     }
 
@@ -368,7 +389,8 @@ mod tests {
         let stolen = store
             .search_memories(&of_session(mallory, "x"), "vault code", 5, 0.0)
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         assert!(stolen.is_empty(), "{stolen:?}");
         let by_principal = MemoryScope {
             agent_id: "main".into(),
@@ -409,6 +431,7 @@ mod tests {
                 .search_memories(&scope, "jazz", 5, 0.0)
                 .await
                 .unwrap()
+                .0
                 .is_empty()
         );
         assert!(matches!(
@@ -439,6 +462,7 @@ mod tests {
                 .search_memories(&other, "units", 5, 0.0)
                 .await
                 .unwrap()
+                .0
                 .is_empty()
         );
         assert_eq!(
@@ -446,9 +470,24 @@ mod tests {
                 .search_memories(&main, "units", 5, 0.0)
                 .await
                 .unwrap()
+                .0
                 .len(),
             1
         );
+        let (_, none_for_other) = store
+            .search_memories(&other, "units", 5, 0.0)
+            .await
+            .unwrap();
+        assert!(
+            none_for_other,
+            "the other agent holds no memories of the user"
+        );
+        let (found, none) = store
+            .search_memories(&main, "weather", 5, 0.0)
+            .await
+            .unwrap();
+        assert!(found.is_empty());
+        assert!(!none, "no match is not the same as nothing stored");
     }
 
     #[sqlx::test(migrations = "./migrations")]
