@@ -1161,6 +1161,25 @@ CREATE TABLE public.skill_snapshots (
 
 
 --
+-- Name: transcript_archive; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.transcript_archive (
+    session_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    entry_key text NOT NULL,
+    role text NOT NULL,
+    content text NOT NULL,
+    run_id uuid,
+    tool_call_id text,
+    tool_name text,
+    data text,
+    created_at timestamp with time zone NOT NULL,
+    archived_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
 -- Name: transcript_entries; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1328,6 +1347,14 @@ ALTER TABLE ONLY public.sessions
 
 ALTER TABLE ONLY public.skill_snapshots
     ADD CONSTRAINT skill_snapshots_pkey PRIMARY KEY (session_id, version);
+
+
+--
+-- Name: transcript_archive transcript_archive_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.transcript_archive
+    ADD CONSTRAINT transcript_archive_pkey PRIMARY KEY (session_id, seq);
 
 
 --

@@ -92,6 +92,13 @@ pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<Chat
         }
         None => entries,
     };
+    // The newest run's tool results are what a follow-up question is likely about; older ones
+    // are cut short in what the model is sent (the stored transcript keeps them whole).
+    let latest_tool_run = kept
+        .iter()
+        .rev()
+        .find(|e| e.role == Role::Tool && e.run_id != open_run)
+        .map_or("", |e| e.run_id.as_str());
     let mut messages = Vec::with_capacity(kept.len() + 1);
     if let Some(summary) = summary {
         messages.push(summary_message(&summary.content));
@@ -137,9 +144,14 @@ pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<Chat
                     && serde_json::from_str::<serde_json::Value>(&entry.data)
                         .map(|d| d["isError"].as_bool().unwrap_or(false))
                         .unwrap_or(false);
+                let content = if entry.run_id == open_run || entry.run_id == latest_tool_run {
+                    entry.content.clone()
+                } else {
+                    pruned(&entry.content)
+                };
                 messages.push(ChatMessage::tool_result(
                     entry.tool_call_id.clone(),
-                    entry.content.clone(),
+                    content,
                     is_error,
                 ));
             }
@@ -147,6 +159,29 @@ pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<Chat
         }
     }
     messages
+}
+
+/// A tool result of an earlier run longer than this many characters is cut short.
+const PRUNE_OVER_CHARS: usize = 1_000;
+/// What is kept of it.
+const PRUNED_KEEP_CHARS: usize = 300;
+
+/// An old tool result as the model is sent it: its head, and how much was left out.
+fn pruned(content: &std::sync::Arc<str>) -> std::sync::Arc<str> {
+    // No more bytes than the limit, no more characters: most results end here, uncounted.
+    if content.len() <= PRUNE_OVER_CHARS {
+        return content.clone();
+    }
+    let total = content.chars().count();
+    if total <= PRUNE_OVER_CHARS {
+        return content.clone();
+    }
+    let head: String = content.chars().take(PRUNED_KEEP_CHARS).collect();
+    format!(
+        "{head}\n[… {} more characters of this earlier tool result left out]",
+        total - PRUNED_KEEP_CHARS
+    )
+    .into()
 }
 
 /// Returns the tool calls stored with an assistant entry.
@@ -240,6 +275,54 @@ mod tests {
                 entry.role
             );
         }
+    }
+
+    #[test]
+    fn long_tool_results_of_older_runs_are_cut_and_the_newest_runs_kept_whole() {
+        let call = |run: &str, id: &str| {
+            let mut assistant = entry("assistant", "", run);
+            assistant.data =
+                format!(r#"{{"toolCalls":[{{"id":"{id}","name":"x","arguments":{{}}}}]}}"#);
+            assistant
+        };
+        let result = |run: &str, id: &str, text: &str| HistoryEntry {
+            tool_call_id: id.into(),
+            ..entry("tool", text, run)
+        };
+        let long = "y".repeat(5_000);
+        let entries = vec![
+            entry("user", "search", "r1"),
+            call("r1", "c1"),
+            result("r1", "c1", &long),
+            entry("user", "short one", "r1"),
+            call("r1", "c2"),
+            result("r1", "c2", "small"),
+            entry("user", "again", "r2"),
+            call("r2", "c3"),
+            result("r2", "c3", &long),
+        ];
+
+        let messages = conversation(&entries, "r9");
+        let contents: Vec<String> = messages
+            .iter()
+            .filter_map(|m| match m {
+                ChatMessage::Tool { content, .. } => Some(content.to_string()),
+                _ => None,
+            })
+            .collect();
+
+        assert_eq!(contents.len(), 3);
+        assert!(contents[0].starts_with(&"y".repeat(300)));
+        assert!(
+            contents[0].ends_with("[… 4700 more characters of this earlier tool result left out]")
+        );
+        assert_eq!(contents[1], "small", "a short result stays whole");
+        assert_eq!(contents[2], long, "the newest run's result stays whole");
+        assert_eq!(
+            &*entries[2].content,
+            long.as_str(),
+            "the transcript is untouched"
+        );
     }
 
     #[test]

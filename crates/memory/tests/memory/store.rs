@@ -586,6 +586,18 @@ async fn a_history_window_after_a_held_entry_is_a_delta_until_a_reset(pool: PgPo
         "a reset removed the held entry: the whole window comes"
     );
     assert!(after_reset.is_empty());
+    let archived: Vec<String> = sqlx::query_scalar(
+        "SELECT content FROM transcript_archive WHERE session_id = $1 ORDER BY seq",
+    )
+    .bind(session_id)
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        archived,
+        ["1", "2", "3", "4"],
+        "a reset archives, it does not delete"
+    );
 }
 
 #[sqlx::test(migrations = "./migrations")]

@@ -1,4 +1,4 @@
--- Clears the transcript and keeps the session's id, settings and usage. $2/$3: the caller's
+-- Clears the transcript into transcript_archive and keeps the session's id, settings and usage. $2/$3: the caller's
 -- principal and whether it is an admin; a session it does not see is left alone (no row).
 WITH target AS (
     SELECT id FROM sessions
@@ -7,7 +7,14 @@ WITH target AS (
     DELETE FROM transcript_entries AS t
     USING target
     WHERE t.session_id = target.id
-    RETURNING t.seq
+    RETURNING t.*
+), archived AS (
+    INSERT INTO transcript_archive (session_id, seq, entry_key, role, content, run_id,
+                                    tool_call_id, tool_name, data, created_at)
+    SELECT session_id, seq, entry_key, role, content, run_id, tool_call_id, tool_name, data,
+           created_at
+    FROM cleared
+    RETURNING seq
 ), retired AS (
     -- The next run takes a new skills snapshot.
     UPDATE skill_snapshots AS k
