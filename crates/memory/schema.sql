@@ -1010,6 +1010,30 @@ CREATE TABLE public.dispatches (
 
 
 --
+-- Name: learn_jobs; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.learn_jobs (
+    id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    session_id uuid NOT NULL,
+    agent_id text NOT NULL,
+    shared boolean DEFAULT false NOT NULL,
+    sender_id text DEFAULT ''::text NOT NULL,
+    channel text DEFAULT ''::text NOT NULL,
+    exchange text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT learn_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'done'::text, 'failed'::text])))
+);
+
+
+--
 -- Name: long_term_memory; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1270,6 +1294,22 @@ ALTER TABLE ONLY public.dispatches
 
 
 --
+-- Name: learn_jobs learn_jobs_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.learn_jobs
+    ADD CONSTRAINT learn_jobs_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: learn_jobs learn_jobs_run_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.learn_jobs
+    ADD CONSTRAINT learn_jobs_run_id_key UNIQUE (run_id);
+
+
+--
 -- Name: long_term_memory long_term_memory_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1378,6 +1418,13 @@ ALTER TABLE ONLY public.transcript_entries
 --
 
 CREATE INDEX dispatches_expires ON public.dispatches USING btree (expires_at);
+
+
+--
+-- Name: learn_jobs_pending; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX learn_jobs_pending ON public.learn_jobs USING btree (created_at) WHERE (status = 'pending'::text);
 
 
 --

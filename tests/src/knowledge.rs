@@ -9,6 +9,8 @@ use serde_json::{Value, json};
 
 use agentloop_agent_runner::{AgentConfig, PreviewRequest, RunnerConfig};
 
+use agentloop_fake_model::ScriptedReply;
+
 use crate::harness::{Sandbox, SandboxOptions, next_reply};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -325,5 +327,129 @@ async fn agentloop_prompt_matches_the_request_the_model_received_part_by_part() 
         .collect();
     let previewed: Vec<&str> = preview.tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(tools, previewed);
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Waits until `sql` (one bigint) reaches `n`.
+async fn wait_count(pool: &sqlx::PgPool, sql: &'static str, n: i64) {
+    agentloop_testkit::wait_until(sql, WAIT, || {
+        let pool = pool.clone();
+        async move {
+            let count: i64 = sqlx::query_scalar(sql).fetch_one(&pool).await.ok()?;
+            (count >= n).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn auto_learn_stores_a_fact_once_and_finishes_a_job_a_dead_runner_left_behind() {
+    let options = SandboxOptions {
+        runner: Some(Box::new(|config: &mut RunnerConfig| {
+            config.memory.learn_model = "openai/fake-learn".into();
+        })),
+        ..Default::default()
+    };
+    let sandbox = Sandbox::start_with(options).await.unwrap();
+    let pool = sandbox.pool().await.unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    let fact = "The user's daughter is called Mila";
+    let facts = json!({ "facts": [fact] }).to_string();
+
+    // The run's answer, then the learn model's.
+    sandbox.fake.push_script(ScriptedReply::text("Noted."));
+    sandbox.fake.push_script(ScriptedReply::text(facts.clone()));
+    ask(
+        &sandbox,
+        &mut replies,
+        "dana-1",
+        "dana",
+        "",
+        "My daughter is called Mila",
+    )
+    .await;
+    wait_count(
+        &pool,
+        "SELECT count(*) FROM learn_jobs WHERE status = 'done'",
+        1,
+    )
+    .await;
+    let learn_request = sandbox
+        .fake
+        .requests()
+        .into_iter()
+        .find(|r| r.body["model"] == "fake-learn")
+        .expect("the learn model was asked");
+    assert!(
+        learn_request
+            .body
+            .to_string()
+            .contains("My daughter is called Mila")
+    );
+
+    // A new session of the same user recalls it; learning the same fact again keeps one.
+    sandbox
+        .fake
+        .push_script(ScriptedReply::text("Her name is Mila."));
+    sandbox.fake.push_script(ScriptedReply::text(facts));
+    let question = "What is my daughter's name?";
+    ask(&sandbox, &mut replies, "dana-2", "dana", "", question).await;
+    assert!(
+        system_for(&sandbox, question).contains(fact),
+        "the learned fact was not recalled"
+    );
+    wait_count(
+        &pool,
+        "SELECT count(*) FROM learn_jobs WHERE status = 'done'",
+        2,
+    )
+    .await;
+    let stored: Vec<(String, String)> =
+        sqlx::query_as("SELECT text, source FROM memories ORDER BY created_at")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, vec![(fact.to_owned(), "learned".to_owned())]);
+
+    // A runner that died mid-job left its job leased; once the lease runs out a live runner
+    // takes it over and finishes it.
+    sandbox.fake.push_script(ScriptedReply::text(
+        json!({"facts": ["The user keeps a parrot"]}).to_string(),
+    ));
+    sqlx::query(
+        "INSERT INTO learn_jobs (id, run_id, session_id, agent_id, sender_id, channel, exchange, \
+                                 attempts, lease_owner, lease_expires_at) \
+         SELECT $1, $2, s.id, 'main', 'dana', 'cli', 'User: I also keep a parrot\nAssistant: Nice.', \
+                1, 'runner-that-died', now() + interval '1 second' \
+         FROM sessions s WHERE s.key = 'dana-1'",
+    )
+    .bind(uuid::Uuid::now_v7())
+    .bind(uuid::Uuid::now_v7())
+    .execute(&pool)
+    .await
+    .unwrap();
+    wait_count(
+        &pool,
+        "SELECT count(*) FROM learn_jobs WHERE status = 'done'",
+        3,
+    )
+    .await;
+    let attempts: i32 = sqlx::query_scalar(
+        "SELECT attempts FROM learn_jobs WHERE exchange LIKE '%parrot%' AND status = 'done'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        attempts, 2,
+        "taken over once, after the dead runner's attempt"
+    );
+    let parrots: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM memories WHERE text = 'The user keeps a parrot'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(parrots, 1);
     sandbox.shutdown().await.unwrap();
 }

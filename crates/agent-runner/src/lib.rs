@@ -17,6 +17,7 @@ mod events;
 mod history;
 mod hooks;
 mod intake;
+mod learn;
 mod memory;
 mod owner;
 mod preview;

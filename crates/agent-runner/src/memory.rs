@@ -13,6 +13,7 @@ use agentloop_proto::v1::{
     ProfileCooldown, ReleaseSessionRequest, RenewLeaseRequest, ReportProfileFailureRequest,
     ReportProfileSuccessRequest, TakeNextRequest, TakeNextResponse, TakeQueuedRequest,
 };
+use agentloop_proto::v1::{ClaimLearnJobRequest, FinishLearnJobRequest, LearnJob};
 use agentloop_proto::v1::{
     ForgetMemoriesRequest, GetSkillSnapshotRequest, MemoryRecord, MemoryScope, SaveMemoryRequest,
     SaveSkillSnapshotRequest, SearchMemoriesRequest, SkillSnapshot,
@@ -260,10 +261,22 @@ impl MemoryClient {
         scope: MemoryScope,
         text: &str,
     ) -> Result<MemoryRecord, MemoryCallError> {
+        self.store_memory(scope, text, "tool", "").await
+    }
+
+    /// Stores a memory from `source`, or with `replace_id` gives that memory the text.
+    pub(crate) async fn store_memory(
+        &self,
+        scope: MemoryScope,
+        text: &str,
+        source: &str,
+        replace_id: &str,
+    ) -> Result<MemoryRecord, MemoryCallError> {
         let request = SaveMemoryRequest {
             scope: Some(scope),
             text: text.to_owned(),
-            source: "tool".to_owned(),
+            source: source.to_owned(),
+            replace_id: replace_id.to_owned(),
         };
         let saved = self
             .once(request, async |m, r| m.save_memory(r).await)
@@ -335,6 +348,38 @@ impl MemoryClient {
         self.once(request, async |m, r| m.forget_memories(r).await)
             .await
             .map(|response| response.ids)
+    }
+
+    /// Queues a run's exchange for the learn model.
+    pub(crate) async fn enqueue_learn_job(&self, job: LearnJob) -> Result<bool, MemoryCallError> {
+        self.once(job, async |m, r| m.enqueue_learn_job(r).await)
+            .await
+            .map(|response| response.created)
+    }
+
+    /// Leases the next learn job for `owner`, if one waits.
+    pub(crate) async fn claim_learn_job(
+        &self,
+        owner: &str,
+        ttl_ms: u32,
+    ) -> Result<Option<LearnJob>, MemoryCallError> {
+        let request = ClaimLearnJobRequest {
+            owner: owner.to_owned(),
+            ttl_ms,
+        };
+        self.once(request, async |m, r| m.claim_learn_job(r).await)
+            .await
+            .map(|job| (!job.id.is_empty()).then_some(job))
+    }
+
+    /// Ends a leased learn job; false when the lease was lost.
+    pub(crate) async fn finish_learn_job(
+        &self,
+        request: FinishLearnJobRequest,
+    ) -> Result<bool, MemoryCallError> {
+        self.once(request, async |m, r| m.finish_learn_job(r).await)
+            .await
+            .map(|response| response.held)
     }
 
     /// The session's current skills snapshot (version 0: none).

@@ -56,8 +56,14 @@ pub(crate) async fn serve(
             metrics: metrics(&health),
             dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
             acks,
+            learner: crate::learn::Learner::new(&config.memory.learn_model)?,
         },
     ));
+    if let Some(learner) = replica.learner.clone() {
+        replica
+            .tracker
+            .spawn(crate::learn::work(replica.clone(), learner));
+    }
     let intake_replica = replica.clone();
     let mut intake = InOrder::new(
         config.runner.intake_concurrency,

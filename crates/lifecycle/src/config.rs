@@ -80,6 +80,9 @@ pub struct MemoryEndpoint {
     pub recall_k: u32,
     /// Recalled memories score at least this (0..1, full-text rank).
     pub recall_min_score: f64,
+    /// `provider/model` asked after each completed run for durable facts to remember; empty
+    /// turns auto-learn off (only the memory tools write).
+    pub learn_model: String,
 }
 
 impl Default for MemoryEndpoint {
@@ -91,6 +94,7 @@ impl Default for MemoryEndpoint {
             tls_domain: String::new(),
             recall_k: 5,
             recall_min_score: 0.01,
+            learn_model: String::new(),
         }
     }
 }

@@ -5,6 +5,7 @@ mod convert;
 mod cooldowns;
 mod gateway;
 mod inbox;
+mod learn;
 mod memories;
 mod runs;
 mod sessions;
@@ -210,6 +211,12 @@ session_service! {
         = "GetSkillSnapshot" => memories::get_skills;
     save_skill_snapshot(pb::SaveSkillSnapshotRequest) -> pb::SkillSnapshot
         = "SaveSkillSnapshot" => memories::save_skills;
+    enqueue_learn_job(pb::LearnJob) -> pb::EnqueueLearnJobResponse
+        = "EnqueueLearnJob" => learn::enqueue;
+    claim_learn_job(pb::ClaimLearnJobRequest) -> pb::LearnJob
+        = "ClaimLearnJob" => learn::claim;
+    finish_learn_job(pb::FinishLearnJobRequest) -> pb::FinishLearnJobResponse
+        = "FinishLearnJob" => learn::finish;
 }
 
 #[cfg(test)]

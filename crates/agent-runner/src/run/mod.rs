@@ -380,6 +380,32 @@ impl RunCtx<'_> {
         self.append(state, entries).await
     }
 
+    /// Queues the run's exchange for auto-learn, when it is on and the agent keeps memory.
+    fn learn_from(&self, inputs: &[String], answer: &str) {
+        if self.replica.learner.is_none() {
+            return;
+        }
+        let Some(scope) = crate::memory::memory_scope(
+            agent_id(self.command),
+            self.agent.memory,
+            self.session_id,
+            &self.command.sender_id,
+            &self.command.channel,
+        ) else {
+            return;
+        };
+        crate::learn::queue(
+            self.replica,
+            agentloop_proto::v1::LearnJob {
+                session_id: self.session_id.to_owned(),
+                run_id: self.run.id.clone(),
+                scope: Some(scope),
+                exchange: crate::learn::exchange(inputs, answer),
+                ..Default::default()
+            },
+        );
+    }
+
     fn tool_context(&self, call_id: &str) -> ToolContext {
         ToolContext {
             session_id: self.session_id.to_owned(),

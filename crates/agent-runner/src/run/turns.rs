@@ -184,6 +184,7 @@ pub(super) async fn converse(
             let steering = ctx.steering(SafePoint::AfterAnswer).await?;
             if steering.is_empty() {
                 state.last = Some(assistant);
+                ctx.learn_from(&start_inputs, &text);
                 return Ok(ctx.outcome(state, RunStatus::Completed, text, String::new()));
             }
             // Steering that arrived during the answer continues the run.

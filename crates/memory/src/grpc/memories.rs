@@ -79,9 +79,13 @@ pub(super) async fn save(
             )));
         }
     };
+    let replace = match req.replace_id.as_str() {
+        "" => None,
+        id => Some(parse_id("replace_id", id)?),
+    };
     let saved = api
         .store()?
-        .save_memory(&scope(req.scope)?, &req.text, source)
+        .save_or_replace_memory(&scope(req.scope)?, replace, &req.text, source)
         .await?;
     Ok(record(saved))
 }

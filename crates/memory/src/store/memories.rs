@@ -73,11 +73,47 @@ impl Store {
         text: &str,
         source: &str,
     ) -> Result<Memory, MemoryError> {
+        self.save_or_replace_memory(scope, None, text, source).await
+    }
+
+    /// Like [`Self::save_memory`]; with `replace` that memory of the user gets the text instead
+    /// (a learned fact that updates one already stored). Replacing with a text the user has in
+    /// another memory, or a memory not found, stores nothing new and returns the existing text's
+    /// memory through a plain save.
+    ///
+    /// # Errors
+    /// As [`Self::save_memory`].
+    pub async fn save_or_replace_memory(
+        &self,
+        scope: &MemoryScope,
+        replace: Option<Uuid>,
+        text: &str,
+        source: &str,
+    ) -> Result<Memory, MemoryError> {
         let text = text.trim();
         if text.is_empty() || text.chars().count() > MAX_MEMORY_CHARS {
             return Err(MemoryError::InvalidArgument(format!(
                 "a memory holds 1 to {MAX_MEMORY_CHARS} characters"
             )));
+        }
+        if let Some(id) = replace {
+            let mut conn = self.conn(Uuid::nil()).await?;
+            let result = bind_scope(
+                sqlx::query_as::<_, Memory>(include_str!("queries/replace_memory.sql")),
+                scope,
+            )
+            .bind(id)
+            .bind(&scope.agent_id)
+            .bind(text)
+            .bind(source)
+            .fetch_optional(&mut *conn)
+            .await;
+            if let Some(replaced) = conn
+                .settle(result)
+                .map_err(|err| translate(err, Uuid::nil()))?
+            {
+                return Ok(replaced);
+            }
         }
         let mut conn = self.conn(Uuid::nil()).await?;
         let result = bind_scope(

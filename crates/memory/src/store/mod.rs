@@ -10,6 +10,7 @@ mod finish;
 mod gateway;
 mod held;
 mod inbox;
+pub(crate) mod learn;
 pub(crate) mod memories;
 mod queued;
 mod run_path;
@@ -30,6 +31,7 @@ use crate::MemoryError;
 pub use gateway::{Caller, Dispatch, DispatchLookup, SessionInfo, SessionPatch};
 
 pub use inbox::{Enqueued, InboxItem, Taken};
+pub use learn::LearnJob;
 pub use memories::{Memory, MemoryScope, SkillSnapshot};
 pub use sessions::Claim;
 
