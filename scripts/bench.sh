@@ -25,6 +25,10 @@
 #   POST /v1/chat/completions and the same fake model process (about 2 minutes after the
 #   install). Installs Node 24 and OpenClaw with npm into .bench-peers/ (reused when present;
 #   BENCH_PEERS_DIR overrides) and replaces its own section of bench/RESULTS.md.
+#        ./scripts/bench.sh --retrieval [--quick] [--no-write | --out PATH] [--keep-logs]
+#   --retrieval: long-term memory search against the memory service alone: recall@1 and
+#   recall@5 of bench/retrieval/facts.jsonl (one user), then SearchMemories latency over gRPC at
+#   100,000 memories; replaces its own section of bench/RESULTS.md (under a minute).
 # Environment: BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432), BENCH_RUST_LOG
 # (services' RUST_LOG, default info), BENCH_PEERS_DIR (default .bench-peers),
 # BENCH_NATS_GOMAXPROCS (nats-server's GOMAXPROCS, default 1).

@@ -14,6 +14,8 @@ mod options;
 mod phases;
 mod procfs;
 mod report;
+mod retrieval;
+mod retrieval_data;
 mod section;
 mod setup;
 mod sidebyside;
@@ -59,6 +61,8 @@ async fn main() -> anyhow::Result<()> {
                 side_by_side(&mut stack, &options, &run_dir).await.map(|s| Output::SideBySide(Box::new(s)))
             } else if options.matrix {
                 matrix::run(&options, &run_dir, git_commit()).await.map(|m| Output::Matrix(Box::new(m)))
+            } else if options.retrieval {
+                retrieval::run(&mut stack, &options, git_commit()).await.map(|r| Output::Retrieval(Box::new(r)))
             } else if let Some(per) = options.soak {
                 soak(&mut stack, &options, per).await.map(Output::Soak)
             } else {
@@ -87,12 +91,13 @@ async fn main() -> anyhow::Result<()> {
         Output::Soak(line) => (line, existing),
         Output::Report(report) => {
             let markdown = report.markdown();
-            // The matrix and side-by-side sections come from `--matrix` and `--openclaw` runs:
-            // keep the last of each.
+            // The matrix, side-by-side and retrieval sections come from `--matrix`, `--openclaw`
+            // and `--retrieval` runs: keep the last of each.
             let mut file = markdown.clone();
             for section in [
                 matrix::SECTION.extract(&existing),
                 sidebyside::SECTION.extract(&existing),
+                retrieval::SECTION.extract(&existing),
             ]
             .into_iter()
             .flatten()
@@ -103,6 +108,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Output::Matrix(m) => placed(&matrix::SECTION, &existing, m.markdown()),
         Output::SideBySide(side) => placed(&sidebyside::SECTION, &existing, side.markdown()),
+        Output::Retrieval(r) => placed(&retrieval::SECTION, &existing, r.markdown()),
     };
     println!("{printed}");
     if let Some(out) = &options.out {
@@ -121,6 +127,8 @@ enum Output {
     SideBySide(Box<sidebyside::SideBySide>),
     /// `--matrix`: the four setups side by side.
     Matrix(Box<matrix::Matrix>),
+    /// `--retrieval`: long-term memory search, recall and latency.
+    Retrieval(Box<retrieval::Retrieval>),
 }
 
 /// A section run's output: the section printed, and the results file with it in its place (a

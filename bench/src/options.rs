@@ -43,6 +43,9 @@ pub struct Options {
     /// `--matrix`: the four setups ({separate, all} × {proto, json}) side by side, closed loop
     /// and burst, instead of the default phases.
     pub matrix: bool,
+    /// `--retrieval`: long-term memory search (recall@1, recall@5 on `bench/retrieval/`, latency
+    /// at 100,000 memories) against the memory service alone, instead of the default phases.
+    pub retrieval: bool,
     /// `--mode` and `--inbound`.
     pub setup: Setup,
 }
@@ -52,7 +55,7 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
 [--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]] \
-[--matrix]
+[--matrix] [--retrieval]
 
   --mode separate   each service in a process of its own (default)
   --mode all        the five services in one `agentloop all` process (no runner scaling phase;
@@ -63,7 +66,12 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
                     × --inbound proto|json, each with 1 session, 10 and 100 sessions at once in
                     a closed loop and a burst (100 sessions × 10 messages published at once,
                     queue mode followup); one table, written as its own section of
-                    bench/RESULTS.md (under a minute; --quick: fewer messages)";
+                    bench/RESULTS.md (under a minute; --quick: fewer messages)
+  --retrieval       long-term memory search: the memory service alone on a fresh database, the
+                    facts of bench/retrieval/facts.jsonl saved for one user and each question
+                    searched (recall@1, recall@5), then SearchMemories latency over gRPC at
+                    100,000 memories; written as its own section of bench/RESULTS.md (--quick:
+                    fewer latency passes)";
 
 /// Parses the command line (`--help` prints [`USAGE`] and exits).
 ///
@@ -95,6 +103,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_runners: 1,
         soak_trace: false,
         matrix: false,
+        retrieval: false,
         setup: Setup::default(),
     };
     // Whether --mode or --inbound was given: --matrix runs every setup, so either is a mistake.
@@ -125,6 +134,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
             }
             "--trace" => options.soak_trace = true,
             "--matrix" => options.matrix = true,
+            "--retrieval" => options.retrieval = true,
             "--mode" => {
                 setup_given = true;
                 options.setup.mode = StackMode::parse(&value()?)?;
@@ -146,6 +156,12 @@ pub fn parse_args() -> anyhow::Result<Options> {
     }
     if options.matrix && (options.openclaw || options.soak.is_some()) {
         bail!("--matrix runs phases of its own: not with --openclaw or --soak");
+    }
+    if options.retrieval && (options.matrix || options.openclaw || options.soak.is_some()) {
+        bail!("--retrieval runs phases of its own: not with --matrix, --openclaw or --soak");
+    }
+    if options.retrieval && setup_given {
+        bail!("--retrieval starts the memory service alone: --mode and --inbound do not apply");
     }
     if options.matrix && setup_given {
         bail!("--matrix runs every --mode and --inbound itself: leave both out");

@@ -160,6 +160,20 @@ impl Stack {
         Ok(())
     }
 
+    /// Starts the memory service alone (it creates the database and runs the migrations), for
+    /// a bench that only calls its gRPC API; waits until it is ready.
+    ///
+    /// # Errors
+    /// When it exits or does not become ready in time.
+    pub async fn start_memory(&mut self) -> anyhow::Result<()> {
+        self.start_service("memory", "memory", &[]).await
+    }
+
+    /// Where memory's gRPC API answers (`http://127.0.0.1:<port>`).
+    pub fn memory_url(&self) -> String {
+        format!("http://{}", self.memory_addr)
+    }
+
     /// `agentloop all` starts a fake model of its own when no provider is configured: the bench
     /// gives it the same model settings as the separate services, so it must not have.
     fn check_external_model(&self) -> anyhow::Result<()> {
