@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop_model::{ChatMessage, ChatRequest, ModelRef};
+use agentloop_model::{ChatMessage, ChatRequest};
 use agentloop_proto::v1::{FinishLearnJobRequest, LearnJob, MemoryScope};
-use tokio::sync::Notify;
 
+use crate::learner::Learner;
 use crate::replica::Replica;
 
 /// How long a claimed job is this runner's.
@@ -32,28 +32,6 @@ preferences, names, relationships, places, plans, possessions, things that will 
 next week. Leave out small talk, questions, and anything about the assistant. Write each fact as \
 one short sentence about the user. Answer only with JSON: {\"facts\": [\"...\"]}, an empty list \
 when there is nothing worth remembering.";
-
-/// The learn model and the wakeup of this runner's worker.
-pub(crate) struct Learner {
-    model: ModelRef,
-    queued: Notify,
-}
-
-impl Learner {
-    /// A learner for `learn_model`, or none when it is empty.
-    ///
-    /// # Errors
-    /// The model reference is not `provider/model`.
-    pub(crate) fn new(learn_model: &str) -> Result<Option<Arc<Self>>, agentloop_model::ModelError> {
-        if learn_model.trim().is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Arc::new(Self {
-            model: ModelRef::parse(learn_model.trim())?,
-            queued: Notify::new(),
-        })))
-    }
-}
 
 /// Queues a completed run's exchange, in the background (the reply does not wait for it).
 pub(crate) fn queue(replica: &Arc<Replica>, job: LearnJob) {

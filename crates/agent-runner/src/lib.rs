@@ -18,6 +18,7 @@ mod history;
 mod hooks;
 mod intake;
 mod learn;
+mod learner;
 mod memory;
 mod owner;
 mod preview;

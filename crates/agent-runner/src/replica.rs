@@ -36,7 +36,7 @@ pub(crate) struct Replica {
     /// How many memories go into a run's context, and how relevant they must be.
     pub(crate) recall: crate::context::Recall,
     /// Auto-learn, when `memory.learn_model` is set.
-    pub(crate) learner: Option<Arc<crate::learn::Learner>>,
+    pub(crate) learner: Option<Arc<crate::learner::Learner>>,
     pub(crate) owner_id: String,
     /// Sessions this replica holds the lease of, with the signals of their live run.
     owned: Mutex<HashMap<String, Arc<SessionSignals>>>,
@@ -84,7 +84,7 @@ pub(crate) struct Parts {
     pub(crate) metrics: Metrics,
     pub(crate) dead_letters: DeadLetters,
     pub(crate) acks: AckSender,
-    pub(crate) learner: Option<Arc<crate::learn::Learner>>,
+    pub(crate) learner: Option<Arc<crate::learner::Learner>>,
 }
 
 /// Locks `mutex`, also after a panic elsewhere: the maps it guards are left consistent by

@@ -56,7 +56,7 @@ pub(crate) async fn serve(
             metrics: metrics(&health),
             dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
             acks,
-            learner: crate::learn::Learner::new(&config.memory.learn_model)?,
+            learner: crate::learner::Learner::new(&config.memory.learn_model)?,
         },
     ));
     if let Some(learner) = replica.learner.clone() {
