@@ -298,15 +298,7 @@ impl MemoryClient {
         if self.recalled.known_empty(&key, std::time::Instant::now()) {
             return Ok(Vec::new());
         }
-        let request = SearchMemoriesRequest {
-            scope: Some(scope),
-            query: query.to_owned(),
-            limit,
-            min_score,
-        };
-        let found = self
-            .once(request, async |m, r| m.search_memories(r).await)
-            .await?;
+        let found = self.search(scope, query, limit, min_score).await?;
         self.recalled
             .record(key, !found.none_stored, std::time::Instant::now());
         Ok(found.memories)
@@ -320,6 +312,18 @@ impl MemoryClient {
         limit: u32,
         min_score: f64,
     ) -> Result<Vec<MemoryRecord>, MemoryCallError> {
+        self.search(scope, query, limit, min_score)
+            .await
+            .map(|response| response.memories)
+    }
+
+    async fn search(
+        &self,
+        scope: MemoryScope,
+        query: &str,
+        limit: u32,
+        min_score: f64,
+    ) -> Result<agentloop_proto::v1::SearchMemoriesResponse, MemoryCallError> {
         let request = SearchMemoriesRequest {
             scope: Some(scope),
             query: query.to_owned(),
@@ -328,7 +332,6 @@ impl MemoryClient {
         };
         self.once(request, async |m, r| m.search_memories(r).await)
             .await
-            .map(|response| response.memories)
     }
 
     /// Deletes the scope's memory `id`, or those `query` matches; returns the ids deleted.
