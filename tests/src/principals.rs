@@ -435,3 +435,30 @@ async fn principal_b_naming_as_sender_cannot_recall_list_or_forget_as_memories()
     gateway.stop().await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn principal_b_sees_none_of_a_s_usage_and_a_sees_its_own() {
+    let sandbox = Sandbox::start().await.unwrap();
+    let gateway = gateway(&sandbox, json!({})).await;
+    let (mut alice, _) = alice_with_a_session(&gateway).await;
+    runs_of(&sandbox, KEY).await.unwrap();
+    let pool = sandbox.finished_runs(1).await.unwrap();
+    let tokens: i64 = sqlx::query_scalar("SELECT sum(input_tokens)::bigint FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mut bob = Client::connected_at(gateway.addr, Some(BOB)).await.unwrap();
+
+    let alices = alice.call("sessions.usage", json!({})).await.unwrap();
+    let bobs = bob.call("sessions.usage", json!({})).await.unwrap();
+
+    let session = &alices["payload"]["sessions"][0];
+    assert_eq!(session["key"], KEY, "{alices}");
+    assert_eq!(session["runs"], 1);
+    assert_eq!(session["inputTokens"].as_i64(), Some(tokens));
+    assert_eq!(alices["payload"]["agents"][0]["agentId"], "main");
+    assert_eq!(bobs["payload"]["sessions"], json!([]), "{bobs}");
+    assert_eq!(bobs["payload"]["agents"], json!([]), "{bobs}");
+    gateway.stop().await.unwrap();
+    sandbox.shutdown().await.unwrap();
+}

@@ -31,6 +31,28 @@ pub struct ModelPolicy {
     /// When not empty, the only models a session may use. Empty: admins may use any model,
     /// other principals only the default one.
     pub allowlist: Vec<String>,
+    /// Prices per million tokens by `provider/model`, for the cost `sessions.usage` reports.
+    pub prices: std::collections::BTreeMap<String, Price>,
+}
+
+/// What a model costs (`[models.prices."provider/model"]`), in any one currency.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Deserialize)]
+#[serde(default)]
+pub struct Price {
+    /// Per million input tokens.
+    pub input_per_million: f64,
+    /// Per million output tokens.
+    pub output_per_million: f64,
+}
+
+impl Price {
+    /// The cost of `input` and `output` tokens.
+    pub fn cost(self, input: u64, output: u64) -> f64 {
+        // Token counts stay far below 2^52, where f64 is exact.
+        #[allow(clippy::cast_precision_loss)]
+        let (input, output) = (input as f64, output as f64);
+        (input * self.input_per_million + output * self.output_per_million) / 1_000_000.0
+    }
 }
 
 impl ModelPolicy {
@@ -293,7 +315,7 @@ mod tests {
     fn an_empty_allowlist_allows_admins_any_model_and_others_only_the_default() {
         let mut policy = ModelPolicy {
             default_model: "openai/a".into(),
-            allowlist: Vec::new(),
+            ..Default::default()
         };
         assert!(policy.allows("anthropic/b"));
         assert!(!policy.listed("anthropic/b"));

@@ -20,10 +20,11 @@ mod params;
 mod principal;
 mod sessions;
 mod state;
+mod usage;
 mod ws;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
-pub use config::{GatewayConfig, GatewaySettings, ModelPolicy, PLACEHOLDER_TOKENS};
+pub use config::{GatewayConfig, GatewaySettings, ModelPolicy, PLACEHOLDER_TOKENS, Price};
 pub use error::{GatewayError, RequestError};
 pub use principal::{Scope, Secret, TokenGrant};
 

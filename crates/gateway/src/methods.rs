@@ -21,10 +21,10 @@ use crate::frames::{Outgoing, err, ok};
 use crate::params::{client_timeout, no_nul, parse};
 use crate::principal::{Principal, Scope};
 use crate::state::AppState;
-use crate::{RequestError, memories, sessions};
+use crate::{RequestError, memories, sessions, usage};
 
 /// Every method, as `connect` announces them.
-pub(crate) const METHODS: [&str; 11] = [
+pub(crate) const METHODS: [&str; 12] = [
     "connect",
     "agent",
     "agent.wait",
@@ -34,6 +34,7 @@ pub(crate) const METHODS: [&str; 11] = [
     "sessions.list",
     "sessions.reset",
     "sessions.patch",
+    "sessions.usage",
     "memory.list",
     "memory.forget",
 ];
@@ -46,7 +47,9 @@ const CHANNEL: &str = "webchat";
 /// The scope a method needs; `None` for a method that does not exist.
 fn scope_of(method: &str) -> Option<Scope> {
     match method {
-        "agent.wait" | "chat.history" | "sessions.list" | "memory.list" => Some(Scope::Read),
+        "agent.wait" | "chat.history" | "sessions.list" | "sessions.usage" | "memory.list" => {
+            Some(Scope::Read)
+        }
         "agent" | "chat.send" | "chat.abort" | "sessions.reset" | "sessions.patch"
         | "memory.forget" => Some(Scope::Write),
         _ => None,
@@ -76,6 +79,7 @@ pub(crate) async fn call(
         (Ok(()), "sessions.list") => sessions::sessions_list(state, who, params).await,
         (Ok(()), "sessions.reset") => sessions::sessions_reset(state, who, params).await,
         (Ok(()), "sessions.patch") => sessions::sessions_patch(state, who, params).await,
+        (Ok(()), "sessions.usage") => usage::sessions_usage(state, who, params).await,
         (Ok(()), "memory.list") => memories::memory_list(state, who, params).await,
         (Ok(()), "memory.forget") => memories::memory_forget(state, who, params).await,
         (Ok(()), other) => Err(RequestError::UnknownMethod(other.to_owned())),

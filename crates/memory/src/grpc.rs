@@ -9,6 +9,7 @@ mod learn;
 mod memories;
 mod runs;
 mod sessions;
+mod usage;
 
 use std::sync::{Arc, OnceLock};
 
@@ -217,6 +218,8 @@ session_service! {
         = "ClaimLearnJob" => learn::claim;
     finish_learn_job(pb::FinishLearnJobRequest) -> pb::FinishLearnJobResponse
         = "FinishLearnJob" => learn::finish;
+    get_usage(pb::GetUsageRequest) -> pb::GetUsageResponse
+        = "GetUsage" => usage::get;
 }
 
 #[cfg(test)]

@@ -167,7 +167,7 @@ impl SessionApi {
 }
 
 /// The caller a request names; none is a caller without principal that is no admin.
-fn caller(caller: Option<pb::Caller>) -> Caller {
+pub(super) fn caller(caller: Option<pb::Caller>) -> Caller {
     let caller = caller.unwrap_or_default();
     Caller {
         principal: (!caller.principal.is_empty()).then_some(caller.principal),

@@ -18,6 +18,7 @@ pub use batch::{BatchCounters, BatchSettings};
 pub use finish::Finished;
 mod sessions;
 mod transcript;
+pub(crate) mod usage;
 
 use std::str::FromStr;
 use std::sync::Arc;
