@@ -120,6 +120,7 @@ impl Api {
             query: query.to_owned(),
             limit: LIMIT,
             min_score: 0.0,
+            query_embedding: None,
         })
         .await
     }

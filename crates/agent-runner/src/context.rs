@@ -391,11 +391,24 @@ pub(crate) async fn recall(
     }
 }
 
-/// `memory.recall_k` and `memory.recall_min_score`.
+/// `memory.recall_k` and the least scores of a recalled memory.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Recall {
     pub(crate) k: u32,
-    pub(crate) min_score: f64,
+    pub(crate) min_score: crate::memory::MinScore,
+}
+
+impl Recall {
+    /// The recall `[memory]` configures.
+    pub(crate) fn of(config: &agentloop_lifecycle::MemoryEndpoint) -> Self {
+        Self {
+            k: config.recall_k,
+            min_score: crate::memory::MinScore {
+                text: config.recall_min_score,
+                hybrid: config.recall_min_hybrid_score,
+            },
+        }
+    }
 }
 
 /// Whom a run's memory calls are about.

@@ -11,17 +11,19 @@ use agentloop_model::{ChatMessage, ChatRequest};
 use agentloop_proto::v1::{FinishLearnJobRequest, LearnJob, MemoryScope};
 
 use crate::learner::Learner;
+use crate::memory::MinScore;
 use crate::replica::Replica;
 
-/// How long a claimed job is this runner's.
-const LEASE_MS: u32 = 60_000;
 /// Attempts before a failing job is given up.
 const MAX_ATTEMPTS: u32 = 3;
 /// How often an idle worker looks for jobs queued by other replicas.
 const IDLE_POLL: Duration = Duration::from_secs(2);
-/// A stored memory matching a new fact at least this well (full-text score) is that fact's
-/// older version, updated rather than kept beside it.
-const SAME_FACT_SCORE: f64 = 0.25;
+/// A stored memory matching a new fact at least this well is that fact's older version,
+/// updated rather than kept beside it.
+const SAME_FACT_SCORE: MinScore = MinScore {
+    text: 0.25,
+    hybrid: 0.6,
+};
 /// Facts kept from one exchange.
 const MAX_FACTS: usize = 10;
 /// The longest fact stored.
@@ -52,7 +54,7 @@ pub(crate) async fn work(replica: Arc<Replica>, learner: Arc<Learner>) {
     loop {
         let claimed = tokio::select! {
             () = replica.stopping.cancelled() => return,
-            claimed = replica.memory.claim_learn_job(&replica.owner_id, LEASE_MS) => claimed,
+            claimed = replica.memory.claim_learn_job(&replica.owner_id, learner.lease_ms) => claimed,
         };
         let job = match claimed {
             Ok(Some(job)) => job,

@@ -15,10 +15,12 @@ use agentloop_proto::v1::{
 };
 use agentloop_proto::v1::{ClaimLearnJobRequest, FinishLearnJobRequest, LearnJob};
 use agentloop_proto::v1::{
-    ForgetMemoriesRequest, GetSkillSnapshotRequest, MemoryRecord, MemoryScope, SaveMemoryRequest,
-    SaveSkillSnapshotRequest, SearchMemoriesRequest, SkillSnapshot,
+    Embedding, ForgetMemoriesRequest, GetSkillSnapshotRequest, MemoryRecord, MemoryScope,
+    SaveMemoryRequest, SaveSkillSnapshotRequest, SearchMemoriesRequest, SkillSnapshot,
 };
 use agentloop_telemetry::TracedChannel;
+
+use agentloop_model::{ModelClient, ModelError, ModelRef, Provider};
 
 use crate::error::MemoryCallError;
 use agentloop_lifecycle::retry;
@@ -27,12 +29,80 @@ use crate::backoff;
 
 type Grpc = SessionServiceClient<TracedChannel>;
 
+/// The least score a memory search keeps, by the kind of score it gets: full-text ranks and
+/// hybrid scores are on different scales.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct MinScore {
+    /// For a full-text search (no embeddings model, or embedding the query failed).
+    pub(crate) text: f64,
+    /// For a hybrid search.
+    pub(crate) hybrid: f64,
+}
+
+impl MinScore {
+    /// Every match.
+    pub(crate) const ANY: Self = Self {
+        text: 0.0,
+        hybrid: 0.0,
+    };
+}
+
+/// `memory.embeddings_model`: the vectors that make memory search hybrid.
+pub(crate) struct Embedder {
+    models: ModelClient,
+    model: ModelRef,
+    /// The model as stored beside each vector, so vectors of another model are never compared.
+    name: String,
+}
+
+impl Embedder {
+    /// An embedder for `model` (`openai/...`), or none when it is empty.
+    ///
+    /// # Errors
+    /// Not a `provider/model` reference, or not an OpenAI-compatible one.
+    pub(crate) fn new(models: &ModelClient, model: &str) -> Result<Option<Self>, ModelError> {
+        let model = model.trim();
+        if model.is_empty() {
+            return Ok(None);
+        }
+        let parsed = ModelRef::parse(model)?;
+        if parsed.provider != Provider::OpenAi {
+            return Err(ModelError::InvalidConfig(format!(
+                "memory.embeddings_model must be an OpenAI-compatible model (openai/...), got {model}"
+            )));
+        }
+        Ok(Some(Self {
+            models: models.clone(),
+            model: parsed,
+            name: model.to_owned(),
+        }))
+    }
+
+    /// The vector of `text`, or none when the embeddings endpoint fails: memory then stores
+    /// and searches by words alone rather than not at all.
+    async fn embed(&self, text: &str) -> Option<Embedding> {
+        match self.models.embed(&self.model, &[text]).await {
+            Ok(mut vectors) => vectors.pop().map(|values| Embedding {
+                model: self.name.clone(),
+                values,
+            }),
+            Err(err) => {
+                tracing::warn!(error = %err, model = %self.name, kind = err.label(),
+                    "embedding failed, memory falls back to full-text search");
+                None
+            }
+        }
+    }
+}
+
 /// A handle on the memory service (cheap to clone: one HTTP/2 channel underneath).
 #[derive(Clone)]
 pub(crate) struct MemoryClient {
     grpc: Grpc,
     /// Users with nothing to recall, shared by every clone.
     recalled: std::sync::Arc<crate::recall_cache::RecallCache>,
+    /// Embeds memories and queries, when `memory.embeddings_model` is set.
+    embedder: Option<std::sync::Arc<Embedder>>,
 }
 
 impl MemoryClient {
@@ -41,6 +111,20 @@ impl MemoryClient {
         Self {
             grpc: SessionServiceClient::new(channel),
             recalled: std::sync::Arc::default(),
+            embedder: None,
+        }
+    }
+
+    /// This client, storing and searching memories with `embedder`'s vectors as well.
+    pub(crate) fn with_embedder(mut self, embedder: Option<Embedder>) -> Self {
+        self.embedder = embedder.map(std::sync::Arc::new);
+        self
+    }
+
+    async fn embed(&self, text: &str) -> Option<Embedding> {
+        match &self.embedder {
+            Some(embedder) => embedder.embed(text).await,
+            None => None,
         }
     }
 
@@ -277,6 +361,7 @@ impl MemoryClient {
             text: text.to_owned(),
             source: source.to_owned(),
             replace_id: replace_id.to_owned(),
+            embedding: self.embed(text).await,
         };
         let saved = self
             .once(request, async |m, r| m.save_memory(r).await)
@@ -292,7 +377,7 @@ impl MemoryClient {
         scope: MemoryScope,
         query: &str,
         limit: u32,
-        min_score: f64,
+        min_score: MinScore,
     ) -> Result<Vec<MemoryRecord>, MemoryCallError> {
         let key = crate::recall_cache::RecallCache::key(&scope);
         if self.recalled.known_empty(&key, std::time::Instant::now()) {
@@ -310,31 +395,41 @@ impl MemoryClient {
         scope: MemoryScope,
         query: &str,
         limit: u32,
-        min_score: f64,
+        min_score: MinScore,
     ) -> Result<Vec<MemoryRecord>, MemoryCallError> {
         self.search(scope, query, limit, min_score)
             .await
             .map(|response| response.memories)
     }
 
+    /// Hybrid when the query could be embedded, else full text, with the least score of
+    /// that kind.
     async fn search(
         &self,
         scope: MemoryScope,
         query: &str,
         limit: u32,
-        min_score: f64,
+        min_score: MinScore,
     ) -> Result<agentloop_proto::v1::SearchMemoriesResponse, MemoryCallError> {
+        let query_embedding = self.embed(query).await;
+        let min_score = if query_embedding.is_some() {
+            min_score.hybrid
+        } else {
+            min_score.text
+        };
         let request = SearchMemoriesRequest {
             scope: Some(scope),
             query: query.to_owned(),
             limit,
             min_score,
+            query_embedding,
         };
         self.once(request, async |m, r| m.search_memories(r).await)
             .await
     }
 
     /// Deletes the scope's memory `id`, or those `query` matches; returns the ids deleted.
+    /// By words alone: a forget by vector similarity could take memories the user never meant.
     pub(crate) async fn forget_memories(
         &self,
         scope: MemoryScope,

@@ -57,6 +57,9 @@ pub enum PreviewError {
     /// No session has that key.
     #[error("no session {0:?}")]
     NoSession(String),
+    /// `[models]` or `memory.embeddings_model` cannot be used.
+    #[error(transparent)]
+    Models(#[from] agentloop_model::ModelError),
 }
 
 /// Builds the request the model would get for `request`'s session.
@@ -87,7 +90,12 @@ pub async fn preview(
         .into_iter()
         .next()
         .ok_or_else(|| PreviewError::NoSession(request.session_key.clone()))?;
-    let memory = MemoryClient::new(channel);
+    // Recall embeds the message as a run would, so the preview shows the memories it recalls.
+    let models = agentloop_model::ModelClient::new(&config.models)?;
+    let memory = MemoryClient::new(channel).with_embedder(crate::memory::Embedder::new(
+        &models,
+        &config.memory.embeddings_model,
+    )?);
     let history = memory
         .history(&session.id, config.runner.history_limit)
         .await
@@ -122,10 +130,7 @@ pub async fn preview(
         sender_id: &request.sender_id,
         channel,
     };
-    let recall = context::Recall {
-        k: config.memory.recall_k,
-        min_score: config.memory.recall_min_score,
-    };
+    let recall = context::Recall::of(&config.memory);
     let gathered = context::gather(
         &memory,
         &recall,

@@ -102,10 +102,7 @@ impl Replica {
             models: parts.models,
             models_config: config.models.clone(),
             settings: config.runner.clone(),
-            recall: crate::context::Recall {
-                k: config.memory.recall_k,
-                min_score: config.memory.recall_min_score,
-            },
+            recall: crate::context::Recall::of(&config.memory),
             learner: parts.learner,
             owner_id: parts.owner_id,
             owned: Mutex::new(HashMap::new()),

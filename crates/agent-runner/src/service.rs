@@ -39,7 +39,10 @@ pub(crate) async fn serve(
     // Ready means work arrives: not while the consumer's pull is down (a leader election).
     let consumer_ready = health.component(&format!("{SERVICE} consumer"));
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
-    let memory = MemoryClient::new(channel);
+    let memory = MemoryClient::new(channel).with_embedder(crate::memory::Embedder::new(
+        &models,
+        &config.memory.embeddings_model,
+    )?);
     let ack_stop = CancellationToken::new();
     let (acks, acker) = crate::acks::start(memory.clone(), ack_stop.clone());
     let mut local_tools: Vec<Arc<dyn Tool>> = crate::tools::builtins();
@@ -56,7 +59,7 @@ pub(crate) async fn serve(
             metrics: metrics(&health),
             dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
             acks,
-            learner: crate::learner::Learner::new(&config.memory.learn_model)?,
+            learner: crate::learner::Learner::new(&config.memory)?,
         },
     ));
     if let Some(learner) = replica.learner.clone() {

@@ -1,7 +1,7 @@
 //! Fake model server for tests and benchmarks.
 //!
 //! Speaks the real wire protocols, streaming included: OpenAI Chat Completions
-//! (`POST /v1/chat/completions`, `GET /v1/models`) and Anthropic Messages (`POST /v1/messages`).
+//! (`POST /v1/chat/completions`, `POST /v1/embeddings`, `GET /v1/models`) and Anthropic Messages (`POST /v1/messages`).
 //! By default it echoes the last user message (`echo: <text>`). Tests in other processes steer it
 //! with directives inside that message:
 //!
@@ -19,6 +19,7 @@
 //! recorded requests and `POST /_fake/reset` clears the script, the log and the failure knob.
 
 mod anthropic;
+pub mod embeddings;
 mod openai;
 mod plan;
 mod request;
@@ -251,6 +252,7 @@ pub async fn serve(
 pub fn router(state: FakeModelState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(openai_chat))
+        .route("/v1/embeddings", post(openai_embeddings))
         .route("/v1/models", get(|| async { openai::models() }))
         .route("/v1/messages", post(anthropic_messages))
         .route("/_fake/script", post(push_script))
@@ -265,6 +267,41 @@ async fn openai_chat(
     body: Bytes,
 ) -> Response {
     handle(&state, Protocol::OpenAi, headers, body).await
+}
+
+async fn openai_embeddings(
+    State(state): State<FakeModelState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let parsed = serde_json::from_slice::<embeddings::EmbeddingsRequest>(&body);
+    if state.recording() {
+        state.record(RecordedRequest {
+            path: "/v1/embeddings".to_owned(),
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            headers: headers
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+                })
+                .collect(),
+        });
+    }
+    if !is_authorized(state.api_key(), Protocol::OpenAi, &headers) {
+        return openai::error(Failure::Auth, key);
+    }
+    let request = match parsed {
+        Ok(request) => request,
+        Err(err) => return openai::bad_request(&format!("invalid embeddings request: {err}")),
+    };
+    if let Some(failure) = state.knob_failure(key, request.model.as_deref(), None) {
+        return openai::error(failure, key);
+    }
+    embeddings::answer(&request)
 }
 
 async fn anthropic_messages(

@@ -78,11 +78,19 @@ pub struct MemoryEndpoint {
     pub tls_domain: String,
     /// Memories recalled into the context of a run's first model turn (`0`: none).
     pub recall_k: u32,
-    /// Recalled memories score at least this (0..1, full-text rank).
+    /// Recalled memories score at least this (0..1, full-text rank) when search is full text.
     pub recall_min_score: f64,
+    /// Recalled memories score at least this (0..1) when search is hybrid.
+    pub recall_min_hybrid_score: f64,
+    /// `openai/model` of an OpenAI-compatible `/v1/embeddings` (at `models.openai_base_url`);
+    /// set, memories are stored with their vectors and searched by vector and text together.
+    /// Empty: full-text search alone.
+    pub embeddings_model: String,
     /// `provider/model` asked after each completed run for durable facts to remember; empty
     /// turns auto-learn off (only the memory tools write).
     pub learn_model: String,
+    /// How long a runner holds a learn job it claimed before another runner may take it over.
+    pub learn_lease_ms: u32,
 }
 
 impl Default for MemoryEndpoint {
@@ -94,7 +102,10 @@ impl Default for MemoryEndpoint {
             tls_domain: String::new(),
             recall_k: 5,
             recall_min_score: 0.01,
+            recall_min_hybrid_score: 0.3,
+            embeddings_model: String::new(),
             learn_model: String::new(),
+            learn_lease_ms: 60_000,
         }
     }
 }

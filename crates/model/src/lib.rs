@@ -7,6 +7,7 @@
 
 mod anthropic;
 mod config;
+mod embeddings;
 mod error;
 mod model_ref;
 mod openai;
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 pub use config::AuthProfile;
 pub use config::ModelsConfig;
+pub use embeddings::MAX_EMBED_INPUTS;
 pub use error::{ErrorKind, ModelError};
 pub use model_ref::{ModelRef, Provider};
 pub use redact::{Secret, redact_secrets};
@@ -42,6 +44,7 @@ struct Inner {
     default_model: ModelRef,
     // Parsed once: reqwest parses a URL given as text on every request.
     openai_url: reqwest::Url,
+    embeddings_url: reqwest::Url,
     openai_api_key: Option<Secret>,
     anthropic_url: reqwest::Url,
     anthropic_api_key: Option<Secret>,
@@ -84,6 +87,7 @@ impl ModelClient {
                     "openai_base_url",
                     &format!("{openai_base}/chat/completions"),
                 )?,
+                embeddings_url: endpoint("openai_base_url", &format!("{openai_base}/embeddings"))?,
                 openai_api_key: config.openai_api_key.clone().filter(|k| !k.is_empty()),
                 anthropic_url: endpoint("anthropic_base_url", &anthropic_url)?,
                 anthropic_api_key: config.anthropic_api_key.clone().filter(|k| !k.is_empty()),

@@ -116,7 +116,12 @@ impl Tool for MemorySearch {
                 .clamp(1, MAX_SEARCH);
             let found = services(ctx)?
                 .memory
-                .search_memories(scope(ctx)?, query, u32::try_from(limit).unwrap_or(5), 0.0)
+                .search_memories(
+                    scope(ctx)?,
+                    query,
+                    u32::try_from(limit).unwrap_or(5),
+                    crate::memory::MinScore::ANY,
+                )
                 .await
                 .map_err(|err| ToolError(format!("search failed: {err}")))?;
             let found: Vec<_> = found

@@ -5,7 +5,7 @@ use agentloop_proto::v1 as pb;
 use super::SessionApi;
 use super::convert::{parse_id, timestamp};
 use crate::MemoryError;
-use crate::store::{Memory, MemoryScope, SkillSnapshot};
+use crate::store::{Embedding, Memory, MemoryScope, SkillSnapshot};
 
 /// The most memories one search or list returns.
 const MAX_RESULTS: u32 = 100;
@@ -34,6 +34,12 @@ fn scope(scope: Option<pb::MemoryScope>) -> Result<MemoryScope, MemoryError> {
         principal: scope.principal,
         user_key: scope.user_key,
     })
+}
+
+fn embedding(embedding: Option<pb::Embedding>) -> Result<Option<Embedding>, MemoryError> {
+    embedding
+        .map(|e| Embedding::new(&e.model, e.values))
+        .transpose()
 }
 
 fn record(memory: Memory) -> pb::MemoryRecord {
@@ -85,7 +91,13 @@ pub(super) async fn save(
     };
     let saved = api
         .store()?
-        .save_or_replace_memory(&scope(req.scope)?, replace, &req.text, source)
+        .save_or_replace_memory(
+            &scope(req.scope)?,
+            replace,
+            &req.text,
+            source,
+            embedding(req.embedding)?.as_ref(),
+        )
         .await?;
     Ok(record(saved))
 }
@@ -100,13 +112,21 @@ pub(super) async fn search(
     } else {
         req.limit.min(MAX_RESULTS)
     };
+    let query_embedding = embedding(req.query_embedding)?;
     let (found, none_stored) = api
         .store()?
-        .search_memories(&scope(req.scope)?, &req.query, limit, req.min_score)
+        .search_memories(
+            &scope(req.scope)?,
+            &req.query,
+            query_embedding.as_ref(),
+            limit,
+            req.min_score,
+        )
         .await?;
     Ok(pb::SearchMemoriesResponse {
         memories: found.into_iter().map(record).collect(),
         none_stored,
+        hybrid: query_embedding.is_some(),
     })
 }
 

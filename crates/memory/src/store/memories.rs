@@ -7,6 +7,10 @@ use uuid::Uuid;
 use super::{Store, error::translate};
 use crate::MemoryError;
 
+mod hybrid;
+
+pub use hybrid::Embedding;
+
 /// Whose memories a call touches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemoryScope {
@@ -73,13 +77,15 @@ impl Store {
         text: &str,
         source: &str,
     ) -> Result<Memory, MemoryError> {
-        self.save_or_replace_memory(scope, None, text, source).await
+        self.save_or_replace_memory(scope, None, text, source, None)
+            .await
     }
 
     /// Like [`Self::save_memory`]; with `replace` that memory of the user gets the text instead
     /// (a learned fact that updates one already stored). Replacing with a text the user has in
     /// another memory, or a memory not found, stores nothing new and returns the existing text's
-    /// memory through a plain save.
+    /// memory through a plain save. `embedding`, the text's vector, is kept beside it for
+    /// hybrid search; a replaced text without one loses the old text's vector.
     ///
     /// # Errors
     /// As [`Self::save_memory`].
@@ -89,7 +95,10 @@ impl Store {
         replace: Option<Uuid>,
         text: &str,
         source: &str,
+        embedding: Option<&Embedding>,
     ) -> Result<Memory, MemoryError> {
+        let vector = embedding.map(Embedding::to_bytes);
+        let model = embedding.map(Embedding::model);
         let text = text.trim();
         if text.is_empty() || text.chars().count() > MAX_MEMORY_CHARS {
             return Err(MemoryError::InvalidArgument(format!(
@@ -106,6 +115,8 @@ impl Store {
             .bind(&scope.agent_id)
             .bind(text)
             .bind(source)
+            .bind(vector.as_deref())
+            .bind(model)
             .fetch_optional(&mut *conn)
             .await;
             if let Some(replaced) = conn
@@ -124,6 +135,8 @@ impl Store {
         .bind(&scope.agent_id)
         .bind(text)
         .bind(source)
+        .bind(vector.as_deref())
+        .bind(model)
         .fetch_optional(&mut *conn)
         .await;
         conn.settle(result)
@@ -133,6 +146,9 @@ impl Store {
 
     /// Returns the scope's memories matching `query` best, at most `limit`, scoring at least
     /// `min_score`, and whether the user has no memories at all (asked only when none match).
+    /// With `embedding`, the query's vector, the search is hybrid: vector similarity with
+    /// memories embedded by the same model plus full-text rank ([`hybrid_score`]); without
+    /// it, full text alone.
     ///
     /// # Errors
     /// A database error.
@@ -140,23 +156,18 @@ impl Store {
         &self,
         scope: &MemoryScope,
         query: &str,
+        embedding: Option<&Embedding>,
         limit: u32,
         min_score: f64,
     ) -> Result<(Vec<Memory>, bool), MemoryError> {
-        let mut conn = self.conn(Uuid::nil()).await?;
-        let result = bind_scope(
-            sqlx::query_as::<_, Memory>(include_str!("queries/search_memories.sql")),
-            scope,
-        )
-        .bind(&scope.agent_id)
-        .bind(query)
-        .bind(min_score)
-        .bind(i64::from(limit.clamp(1, 100)))
-        .fetch_all(&mut *conn)
-        .await;
-        let found = conn
-            .settle(result)
-            .map_err(|err| translate(err, Uuid::nil()))?;
+        let limit = limit.clamp(1, 100);
+        let found = match embedding {
+            Some(embedding) => {
+                self.search_hybrid(scope, query, embedding, limit, min_score)
+                    .await?
+            }
+            None => self.search_text(scope, query, limit, min_score).await?,
+        };
         if !found.is_empty() {
             return Ok((found, false));
         }
@@ -175,6 +186,62 @@ impl Store {
             .settle(result)
             .map_err(|err| translate(err, Uuid::nil()))?;
         Ok((found, none))
+    }
+
+    async fn search_text(
+        &self,
+        scope: &MemoryScope,
+        query: &str,
+        limit: u32,
+        min_score: f64,
+    ) -> Result<Vec<Memory>, MemoryError> {
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = bind_scope(
+            sqlx::query_as::<_, Memory>(include_str!("queries/search_memories.sql")),
+            scope,
+        )
+        .bind(&scope.agent_id)
+        .bind(query)
+        .bind(min_score)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *conn)
+        .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
+    async fn search_hybrid(
+        &self,
+        scope: &MemoryScope,
+        query: &str,
+        embedding: &Embedding,
+        limit: u32,
+        min_score: f64,
+    ) -> Result<Vec<Memory>, MemoryError> {
+        // As many text matches get a rank as a full-text search narrows to (search_memories.sql).
+        let text_candidates = i64::from(limit.max(20)) * 4;
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = bind_scope(
+            sqlx::query_as::<_, hybrid::Candidate>(include_str!(
+                "queries/search_memories_hybrid.sql"
+            )),
+            scope,
+        )
+        .bind(&scope.agent_id)
+        .bind(query)
+        .bind(embedding.model())
+        .bind(text_candidates)
+        .fetch_all(&mut *conn)
+        .await;
+        let candidates = conn
+            .settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?;
+        Ok(hybrid::rank(
+            candidates,
+            embedding,
+            limit as usize,
+            min_score,
+        ))
     }
 
     /// Deletes the scope's memory `id`, or with `id` empty every one `query` matches with at

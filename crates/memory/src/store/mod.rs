@@ -33,7 +33,7 @@ pub use gateway::{Caller, Dispatch, DispatchLookup, SessionInfo, SessionPatch};
 
 pub use inbox::{Enqueued, InboxItem, Taken};
 pub use learn::LearnJob;
-pub use memories::{Memory, MemoryScope, SkillSnapshot};
+pub use memories::{Embedding, Memory, MemoryScope, SkillSnapshot};
 pub use sessions::Claim;
 
 /// The memory store over a Postgres pool. Cheap to clone.

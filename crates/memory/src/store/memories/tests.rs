@@ -41,7 +41,7 @@ async fn a_memory_is_found_by_a_paraphrase_and_only_by_its_user(pool: PgPool) {
     assert_eq!(saved.user_key, "sender:cli:alice");
 
     let found = store
-        .search_memories(&of_session(a2, "alice"), "What tea do I drink?", 5, 0.0)
+        .search_memories(&of_session(a2, "alice"), "What tea do I drink?", None, 5, 0.0)
         .await
         .unwrap()
         .0;
@@ -52,7 +52,7 @@ async fn a_memory_is_found_by_a_paraphrase_and_only_by_its_user(pool: PgPool) {
     );
     assert!(found[0].score > 0.0);
     let other = store
-        .search_memories(&of_session(b, "bob"), "What tea do I drink?", 5, 0.0)
+        .search_memories(&of_session(b, "bob"), "What tea do I drink?", None, 5, 0.0)
         .await
         .unwrap()
         .0;
@@ -70,7 +70,7 @@ async fn a_gateway_principal_wins_over_the_sender_id_a_client_names(pool: PgPool
         .unwrap();
     // Mallory's client says it is Alice's sender.
     let stolen = store
-        .search_memories(&of_session(mallory, "x"), "vault code", 5, 0.0)
+        .search_memories(&of_session(mallory, "x"), "vault code", None, 5, 0.0)
         .await
         .unwrap()
         .0;
@@ -111,7 +111,7 @@ async fn saving_the_same_text_twice_keeps_one_and_forget_removes_it(pool: PgPool
     assert_eq!(forgotten, vec![first.id]);
     assert!(
         store
-            .search_memories(&scope, "jazz", 5, 0.0)
+            .search_memories(&scope, "jazz", None, 5, 0.0)
             .await
             .unwrap()
             .0
@@ -142,7 +142,7 @@ async fn memories_are_kept_per_agent(pool: PgPool) {
         .unwrap();
     assert!(
         store
-            .search_memories(&other, "units", 5, 0.0)
+            .search_memories(&other, "units", None, 5, 0.0)
             .await
             .unwrap()
             .0
@@ -150,7 +150,7 @@ async fn memories_are_kept_per_agent(pool: PgPool) {
     );
     assert_eq!(
         store
-            .search_memories(&main, "units", 5, 0.0)
+            .search_memories(&main, "units", None, 5, 0.0)
             .await
             .unwrap()
             .0
@@ -158,7 +158,7 @@ async fn memories_are_kept_per_agent(pool: PgPool) {
         1
     );
     let (_, none_for_other) = store
-        .search_memories(&other, "units", 5, 0.0)
+        .search_memories(&other, "units", None, 5, 0.0)
         .await
         .unwrap();
     assert!(
@@ -166,7 +166,7 @@ async fn memories_are_kept_per_agent(pool: PgPool) {
         "the other agent holds no memories of the user"
     );
     let (found, none) = store
-        .search_memories(&main, "weather", 5, 0.0)
+        .search_memories(&main, "weather", None, 5, 0.0)
         .await
         .unwrap();
     assert!(found.is_empty());
@@ -191,4 +191,94 @@ async fn a_skills_snapshot_holds_until_a_reset_retires_it(pool: PgPool) {
     assert_eq!(store.skill_snapshot(s).await.unwrap(), None);
     let second = store.save_skill_snapshot(s, "d2", "[1]").await.unwrap();
     assert_eq!((second.version, second.digest.as_str()), (2, "d2"));
+}
+
+fn vector(model: &str, values: &[f32]) -> Embedding {
+    Embedding::new(model, values.to_vec()).unwrap()
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn hybrid_search_finds_by_vector_only_the_users_own_and_only_of_the_same_model(pool: PgPool) {
+    let store = Store::new(pool);
+    let a = session(&store, "a", None).await;
+    let b = session(&store, "b", None).await;
+    let (alice, bob) = (of_session(a, "alice"), of_session(b, "bob"));
+    let near = [1.0, 0.1, 0.0];
+    store
+        .save_or_replace_memory(&alice, None, "Born in Rotterdam", "tool", Some(&vector("m1", &near)))
+        .await
+        .unwrap();
+    store
+        .save_or_replace_memory(&alice, None, "Likes cycling", "tool", Some(&vector("m1", &[0.0, 0.0, 1.0])))
+        .await
+        .unwrap();
+    store
+        .save_or_replace_memory(&alice, None, "Has a cat", "tool", Some(&vector("m2", &near)))
+        .await
+        .unwrap();
+    store
+        .save_or_replace_memory(&bob, None, "Bob was born in Utrecht", "tool", Some(&vector("m1", &near)))
+        .await
+        .unwrap();
+
+    // The question shares no word with the fact; only the vector finds it.
+    let query = vector("m1", &[1.0, 0.0, 0.0]);
+    let (found, none) = store
+        .search_memories(&alice, "Am I a Rotterdammer?", Some(&query), 5, 0.3)
+        .await
+        .unwrap();
+    let texts: Vec<&str> = found.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(texts, ["Born in Rotterdam"], "m2's vector and Bob's memory stay out");
+    assert!(found[0].score > 0.6 && found[0].score <= hybrid::VECTOR_WEIGHT + 1e-6);
+    assert!(!none);
+    let text_only = store
+        .search_memories(&alice, "Am I a Rotterdammer?", None, 5, 0.0)
+        .await
+        .unwrap()
+        .0;
+    assert!(text_only.is_empty(), "full text alone finds nothing: {text_only:?}");
+
+    // A word match without a near vector still counts, with the text's share.
+    let away = vector("m1", &[0.0, -1.0, 0.0]);
+    let (by_word, _) = store
+        .search_memories(&alice, "cycling", Some(&away), 5, 0.001)
+        .await
+        .unwrap();
+    let texts: Vec<&str> = by_word.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(texts, ["Likes cycling"]);
+    assert!(by_word[0].score > 0.0 && by_word[0].score <= 1.0 - hybrid::VECTOR_WEIGHT + 1e-6);
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn replacing_a_memory_drops_the_old_texts_vector(pool: PgPool) {
+    let store = Store::new(pool);
+    let a = session(&store, "a", None).await;
+    let alice = of_session(a, "alice");
+    let query = vector("m1", &[1.0, 0.0]);
+    let saved = store
+        .save_or_replace_memory(&alice, None, "Lives in Delft", "learned", Some(&query))
+        .await
+        .unwrap();
+    store
+        .save_or_replace_memory(&alice, Some(saved.id), "Lives in Leiden", "learned", None)
+        .await
+        .unwrap();
+    let found = store
+        .search_memories(&alice, "whereabouts", Some(&query), 5, 0.1)
+        .await
+        .unwrap()
+        .0;
+    assert!(found.is_empty(), "the new text is not found by the old vector: {found:?}");
+    // Saving the same text again with a vector gives it one.
+    store
+        .save_or_replace_memory(&alice, None, "Lives in Leiden", "learned", Some(&query))
+        .await
+        .unwrap();
+    let found = store
+        .search_memories(&alice, "whereabouts", Some(&query), 5, 0.1)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].id, saved.id);
 }
