@@ -46,12 +46,14 @@ def model_dir() -> Path:
 def _stands_alone(ch: str, cat: str) -> bool:
     """Punctuation and CJK ideographs become words of their own. BERT's punctuation includes
     every non-alphanumeric ASCII symbol ($, ^, `), not only Unicode's P* categories; CJK text
-    has no spaces between words, so each ideograph is split off."""
+    has no spaces between words, so each ideograph is split off. The CJK blocks are BERT's own
+    list, gaps included (0x2B820-0x2B91F is not in it), so the ids match training."""
     cp = ord(ch)
     return (
         cat[0] == "P"
         or 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
-        or 0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2CEAF
+        or 0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
+        or 0x2A700 <= cp <= 0x2B81F or 0x2B920 <= cp <= 0x2CEAF
         or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F
     )  # fmt: skip
 
@@ -70,10 +72,13 @@ class Tokenizer:
         out = []
         for ch in unicodedata.normalize("NFD", text.lower()):
             cat = unicodedata.category(ch)
-            if ch.isspace():
+            # Control, format and private-use characters are dropped, even those Python calls
+            # whitespace (\x85, \x0b, \x1c), except tab and newlines; unassigned ones are kept.
+            # Mn are the accents NFD split off, which the uncased vocab doesn't have.
+            if ch in "\t\n\r" or (ch.isspace() and cat[0] != "C"):
                 out.append(" ")
-            elif cat in ("Mn", "Cc", "Cf") or ch == "\ufffd":
-                continue  # Mn: accents split off by NFD, which the uncased vocab doesn't have
+            elif cat in ("Cc", "Cf", "Co", "Mn") or ch == "\ufffd":
+                continue
             elif _stands_alone(ch, cat):
                 out.append(f" {ch} ")
             else:

@@ -45,7 +45,7 @@ impl Drop for Scratch {
 }
 
 /// Sends `text` as `sender` (on `cli`) to `session` for `agent` and waits for the reply.
-async fn ask(
+pub(crate) async fn ask(
     sandbox: &Sandbox,
     replies: &mut async_nats::Subscriber,
     session: &str,
@@ -64,7 +64,7 @@ async fn ask(
 }
 
 /// The system prompt of the last model request whose last user message is `text`.
-fn system_for(sandbox: &Sandbox, text: &str) -> String {
+pub(crate) fn system_for(sandbox: &Sandbox, text: &str) -> String {
     request_for(sandbox, text)["messages"][0]["content"]
         .as_str()
         .unwrap_or_default()

@@ -20,6 +20,8 @@ mod harness;
 #[cfg(test)]
 mod inbox_cap;
 #[cfg(test)]
+mod hybrid_recall;
+#[cfg(test)]
 mod knowledge;
 #[cfg(test)]
 mod poison;
