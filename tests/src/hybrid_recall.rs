@@ -34,25 +34,40 @@ async fn hybrid_recall_finds_a_fact_sharing_no_word_with_the_question_and_falls_
     let save = format!(r#"[[tool:memory_save:{{"text":"{fact}"}}]]"#);
     let saved = ask(&sandbox, &mut replies, "ann-1", "ann", "", &save).await;
     assert!(saved.contains("\"id\""), "{saved}");
-    assert!(embeddings_asked_for(&sandbox, fact), "the saved fact was embedded");
+    assert!(
+        embeddings_asked_for(&sandbox, fact),
+        "the saved fact was embedded"
+    );
 
     // No word in common ("Rotterdammer" does not stem to "Rotterdam"): only the vector finds it.
     let question = "Am I a Rotterdammer?";
     ask(&sandbox, &mut replies, "ann-2", "ann", "", question).await;
-    assert!(embeddings_asked_for(&sandbox, question), "the question was embedded");
+    assert!(
+        embeddings_asked_for(&sandbox, question),
+        "the question was embedded"
+    );
     let system = system_for(&sandbox, question);
-    assert!(system.contains(&format!("- {fact}")), "not recalled by its vector: {system}");
+    assert!(
+        system.contains(&format!("- {fact}")),
+        "not recalled by its vector: {system}"
+    );
 
     let unrelated = "What should I cook tonight?";
     ask(&sandbox, &mut replies, "ann-2", "ann", "", unrelated).await;
     let system = system_for(&sandbox, unrelated);
-    assert!(!system.contains("Rotterdam"), "an unrelated question recalled it: {system}");
+    assert!(
+        !system.contains("Rotterdam"),
+        "an unrelated question recalled it: {system}"
+    );
 
     // Another user's question, however close its vector, never reaches Ann's memory.
     let bobs = "Am I a Rotterdammer, Bob asks?";
     ask(&sandbox, &mut replies, "bob-1", "bob", "", bobs).await;
     let system = system_for(&sandbox, bobs);
-    assert!(!system.contains("Rotterdam\n") && !system.contains(fact), "{system}");
+    assert!(
+        !system.contains("Rotterdam\n") && !system.contains(fact),
+        "{system}"
+    );
 
     // The embeddings endpoint fails: saves and recall go on by words alone.
     sandbox
@@ -61,7 +76,10 @@ async fn hybrid_recall_finds_a_fact_sharing_no_word_with_the_question_and_falls_
         .fail_model(EMBEDDINGS, Some(Failure::Server));
     let cello = r#"[[tool:memory_save:{"text":"Ann plays the cello on Sundays"}]]"#;
     let saved = ask(&sandbox, &mut replies, "ann-3", "ann", "", cello).await;
-    assert!(saved.contains("\"id\""), "a save without a vector still stores: {saved}");
+    assert!(
+        saved.contains("\"id\""),
+        "a save without a vector still stores: {saved}"
+    );
     let by_words = "When do I play the cello?";
     let answer = ask(&sandbox, &mut replies, "ann-4", "ann", "", by_words).await;
     assert!(!answer.is_empty());

@@ -18,9 +18,9 @@ mod gateway_exhaustion;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
-mod inbox_cap;
-#[cfg(test)]
 mod hybrid_recall;
+#[cfg(test)]
+mod inbox_cap;
 #[cfg(test)]
 mod knowledge;
 #[cfg(test)]

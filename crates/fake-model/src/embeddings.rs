@@ -82,7 +82,10 @@ pub(crate) fn answer(request: &EmbeddingsRequest) -> Response {
         .enumerate()
         .map(|(index, text)| json!({"object": "embedding", "index": index, "embedding": embed(text)}))
         .collect();
-    let tokens: usize = texts.iter().map(|t| t.split_whitespace().count().max(1)).sum();
+    let tokens: usize = texts
+        .iter()
+        .map(|t| t.split_whitespace().count().max(1))
+        .sum();
     let body = json!({
         "object": "list",
         "data": data,
@@ -105,7 +108,11 @@ mod tests {
         let fact = embed("I was born in Rotterdam");
         let question = embed("Am I a Rotterdammer?");
         let unrelated = embed("What should I cook tonight?");
-        assert!(cosine(&fact, &question) > 0.3, "{}", cosine(&fact, &question));
+        assert!(
+            cosine(&fact, &question) > 0.3,
+            "{}",
+            cosine(&fact, &question)
+        );
         assert!(cosine(&fact, &question) > 2.0 * cosine(&question, &unrelated));
     }
 

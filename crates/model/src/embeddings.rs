@@ -27,7 +27,11 @@ impl ModelClient {
     /// `InvalidConfig` for an Anthropic model, no inputs or more than [`MAX_EMBED_INPUTS`];
     /// as [`ModelClient::stream`] for the call; `Protocol` when the answer lacks a vector,
     /// holds a non-finite or all-zero one, or vectors of different lengths.
-    pub async fn embed(&self, model: &ModelRef, inputs: &[&str]) -> Result<Vec<Vec<f32>>, ModelError> {
+    pub async fn embed(
+        &self,
+        model: &ModelRef,
+        inputs: &[&str],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         if model.provider != Provider::OpenAi {
             return Err(ModelError::InvalidConfig(format!(
                 "embeddings need an OpenAI-compatible model (openai/...), got {model}"
@@ -104,7 +108,10 @@ fn vectors_of(body: &[u8], expected: usize) -> Result<Vec<Vec<f32>>, ModelError>
             .get_mut(item.index)
             .ok_or_else(|| protocol(format!("embedding index {} out of range", item.index)))?;
         if slot.is_some() {
-            return Err(protocol(format!("embedding index {} given twice", item.index)));
+            return Err(protocol(format!(
+                "embedding index {} given twice",
+                item.index
+            )));
         }
         let v = item.embedding;
         if v.is_empty() || v.iter().any(|x| !x.is_finite()) || v.iter().all(|x| *x == 0.0) {
@@ -129,7 +136,8 @@ mod tests {
 
     #[test]
     fn vectors_come_back_in_input_order() {
-        let body = br#"{"data":[{"index":1,"embedding":[0.0,1.0]},{"index":0,"embedding":[1.0,0.0]}]}"#;
+        let body =
+            br#"{"data":[{"index":1,"embedding":[0.0,1.0]},{"index":0,"embedding":[1.0,0.0]}]}"#;
         let vectors = vectors_of(body, 2).unwrap();
         assert_eq!(vectors, vec![vec![1.0, 0.0], vec![0.0, 1.0]]);
     }

@@ -35,12 +35,18 @@ impl Embedding {
         if values.iter().any(|v| !v.is_finite()) {
             return invalid("holds a value that is not finite");
         }
-        let norm = values.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+        let norm = values
+            .iter()
+            .map(|v| f64::from(*v).powi(2))
+            .sum::<f64>()
+            .sqrt();
         if norm == 0.0 {
             return invalid("is all zero");
         }
         #[allow(clippy::cast_possible_truncation)]
-        values.iter_mut().for_each(|v| *v = (f64::from(*v) / norm) as f32);
+        values
+            .iter_mut()
+            .for_each(|v| *v = (f64::from(*v) / norm) as f32);
         Ok(Self {
             model: model.to_owned(),
             values,
@@ -173,6 +179,9 @@ mod tests {
         );
         let texts: Vec<&str> = ranked.iter().map(|m| m.text.as_str()).collect();
         assert_eq!(texts, ["paraphrase", "word match only"]);
-        assert!(query.cosine(&[0u8; 8]).is_none(), "another length is never compared");
+        assert!(
+            query.cosine(&[0u8; 8]).is_none(),
+            "another length is never compared"
+        );
     }
 }

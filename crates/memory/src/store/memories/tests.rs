@@ -41,7 +41,13 @@ async fn a_memory_is_found_by_a_paraphrase_and_only_by_its_user(pool: PgPool) {
     assert_eq!(saved.user_key, "sender:cli:alice");
 
     let found = store
-        .search_memories(&of_session(a2, "alice"), "What tea do I drink?", None, 5, 0.0)
+        .search_memories(
+            &of_session(a2, "alice"),
+            "What tea do I drink?",
+            None,
+            5,
+            0.0,
+        )
         .await
         .unwrap()
         .0;
@@ -205,19 +211,43 @@ async fn hybrid_search_finds_by_vector_only_the_users_own_and_only_of_the_same_m
     let (alice, bob) = (of_session(a, "alice"), of_session(b, "bob"));
     let near = [1.0, 0.1, 0.0];
     store
-        .save_or_replace_memory(&alice, None, "Born in Rotterdam", "tool", Some(&vector("m1", &near)))
+        .save_or_replace_memory(
+            &alice,
+            None,
+            "Born in Rotterdam",
+            "tool",
+            Some(&vector("m1", &near)),
+        )
         .await
         .unwrap();
     store
-        .save_or_replace_memory(&alice, None, "Likes cycling", "tool", Some(&vector("m1", &[0.0, 0.0, 1.0])))
+        .save_or_replace_memory(
+            &alice,
+            None,
+            "Likes cycling",
+            "tool",
+            Some(&vector("m1", &[0.0, 0.0, 1.0])),
+        )
         .await
         .unwrap();
     store
-        .save_or_replace_memory(&alice, None, "Has a cat", "tool", Some(&vector("m2", &near)))
+        .save_or_replace_memory(
+            &alice,
+            None,
+            "Has a cat",
+            "tool",
+            Some(&vector("m2", &near)),
+        )
         .await
         .unwrap();
     store
-        .save_or_replace_memory(&bob, None, "Bob was born in Utrecht", "tool", Some(&vector("m1", &near)))
+        .save_or_replace_memory(
+            &bob,
+            None,
+            "Bob was born in Utrecht",
+            "tool",
+            Some(&vector("m1", &near)),
+        )
         .await
         .unwrap();
 
@@ -228,7 +258,11 @@ async fn hybrid_search_finds_by_vector_only_the_users_own_and_only_of_the_same_m
         .await
         .unwrap();
     let texts: Vec<&str> = found.iter().map(|m| m.text.as_str()).collect();
-    assert_eq!(texts, ["Born in Rotterdam"], "m2's vector and Bob's memory stay out");
+    assert_eq!(
+        texts,
+        ["Born in Rotterdam"],
+        "m2's vector and Bob's memory stay out"
+    );
     assert!(found[0].score > 0.6 && found[0].score <= hybrid::VECTOR_WEIGHT + 1e-6);
     assert!(!none);
     let text_only = store
@@ -236,7 +270,10 @@ async fn hybrid_search_finds_by_vector_only_the_users_own_and_only_of_the_same_m
         .await
         .unwrap()
         .0;
-    assert!(text_only.is_empty(), "full text alone finds nothing: {text_only:?}");
+    assert!(
+        text_only.is_empty(),
+        "full text alone finds nothing: {text_only:?}"
+    );
 
     // A word match without a near vector still counts, with the text's share.
     let away = vector("m1", &[0.0, -1.0, 0.0]);
@@ -268,7 +305,10 @@ async fn replacing_a_memory_drops_the_old_texts_vector(pool: PgPool) {
         .await
         .unwrap()
         .0;
-    assert!(found.is_empty(), "the new text is not found by the old vector: {found:?}");
+    assert!(
+        found.is_empty(),
+        "the new text is not found by the old vector: {found:?}"
+    );
     // Saving the same text again with a vector gives it one.
     store
         .save_or_replace_memory(&alice, None, "Lives in Leiden", "learned", Some(&query))
