@@ -543,6 +543,45 @@ $$;
 
 
 --
+-- Name: agentloop_finish_many_reported(uuid[], bigint[], uuid[], bigint[], text[], text[], text[], bigint[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], uuid[], text[], text[], text[], jsonb[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_finish_many_reported(p_sessions uuid[], p_epochs bigint[], p_runs uuid[], p_seqs bigint[], p_statuses text[], p_errors text[], p_models text[], p_input_tokens bigint[], p_output_tokens bigint[], p_providers text[], p_profiles text[], p_releases boolean[], p_entry_ends integer[], p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[], p_reports jsonb[]) RETURNS TABLE(idx integer, held boolean, run_found boolean, finished boolean, released boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v record;
+    v_reported int[] := '{}';
+BEGIN
+    FOR v IN
+        SELECT * FROM agentloop_finish_many(p_sessions, p_epochs, p_runs, p_seqs, p_statuses,
+                                            p_errors, p_models, p_input_tokens,
+                                            p_output_tokens, p_providers, p_profiles,
+                                            p_releases, p_entry_ends, p_keys, p_roles,
+                                            p_contents, p_run_ids, p_tool_call_ids,
+                                            p_tool_names, p_data)
+    LOOP
+        idx := v.idx;
+        held := v.held;
+        run_found := v.run_found;
+        finished := v.finished;
+        released := v.released;
+        RETURN NEXT;
+        IF v.finished AND p_reports[v.idx] IS NOT NULL THEN
+            v_reported := v_reported || v.idx;
+        END IF;
+    END LOOP;
+    IF cardinality(v_reported) > 0 THEN
+        UPDATE runs AS r SET prompt_report = p_reports[d.i]
+        FROM unnest(v_reported) AS d (i)
+        WHERE r.id = p_runs[d.i];
+    END IF;
+END
+$$;
+
+
+--
 -- Name: agentloop_finish_run(uuid, bigint, uuid, bigint, text, text, text, bigint, bigint, text, text, text[], text[], text[], uuid[], text[], text[], text[], boolean); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -623,6 +662,34 @@ BEGIN
         WHERE s.id = p_session
         RETURNING decision.give_back INTO released;
     END IF;
+    RETURN NEXT;
+END
+$$;
+
+
+--
+-- Name: agentloop_finish_run_reported(uuid, bigint, uuid, bigint, text, text, text, bigint, bigint, text, text, text[], text[], text[], uuid[], text[], text[], text[], boolean, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_finish_run_reported(p_session uuid, p_epoch bigint, p_run uuid, p_seq bigint, p_status text, p_error text, p_model text, p_input_tokens bigint, p_output_tokens bigint, p_provider text, p_profile text, p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[], p_release boolean, p_report jsonb) RETURNS TABLE(held boolean, run_found boolean, finished boolean, released boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v record;
+BEGIN
+    SELECT * INTO v
+    FROM agentloop_finish_run(p_session, p_epoch, p_run, p_seq, p_status, p_error, p_model,
+                              p_input_tokens, p_output_tokens, p_provider, p_profile, p_keys,
+                              p_roles, p_contents, p_run_ids, p_tool_call_ids, p_tool_names,
+                              p_data, p_release);
+    IF v.finished AND p_report IS NOT NULL THEN
+        UPDATE runs AS r SET prompt_report = p_report WHERE r.id = p_run;
+    END IF;
+    held := v.held;
+    run_found := v.run_found;
+    finished := v.finished;
+    released := v.released;
     RETURN NEXT;
 END
 $$;
@@ -880,10 +947,10 @@ $$;
 
 
 --
--- Name: agentloop_run_path(uuid[], bigint[], uuid[], bigint[], text[], text[], text[], bigint[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], uuid[], text[], text[], text[], uuid[], text[], text[], bytea[], text[], bigint[], bigint[], bigint[]); Type: FUNCTION; Schema: public; Owner: -
+-- Name: agentloop_run_path(uuid[], bigint[], uuid[], bigint[], text[], text[], text[], bigint[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], uuid[], text[], text[], text[], jsonb[], uuid[], text[], text[], bytea[], text[], bigint[], bigint[], bigint[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.agentloop_run_path(f_sessions uuid[], f_epochs bigint[], f_runs uuid[], f_seqs bigint[], f_statuses text[], f_errors text[], f_models text[], f_input_tokens bigint[], f_output_tokens bigint[], f_providers text[], f_profiles text[], f_releases boolean[], f_entry_ends integer[], f_keys text[], f_roles text[], f_contents text[], f_run_ids uuid[], f_tool_call_ids text[], f_tool_names text[], f_data text[], e_sessions uuid[], e_keys text[], e_kinds text[], e_payloads bytea[], e_owners text[], e_ttl_ms bigint[], e_history_limits bigint[], e_history_after bigint[]) RETURNS TABLE(is_finish boolean, idx integer, f_held boolean, f_found boolean, f_finished boolean, f_released boolean, session_found boolean, inserted boolean, seq bigint, claimed boolean, epoch bigint, owner text, taken_seq bigint, taken_key text, taken_kind text, taken_payload bytea, run_id uuid, run_status text, run_attempts integer, run_started_at timestamp with time zone, run_finished_at timestamp with time zone, h_seq bigint[], h_key text[], h_role text[], h_content text[], h_run_id uuid[], h_tool_call_id text[], h_tool_name text[], h_data text[], h_created_at timestamp with time zone[], h_delta boolean)
+CREATE FUNCTION public.agentloop_run_path(f_sessions uuid[], f_epochs bigint[], f_runs uuid[], f_seqs bigint[], f_statuses text[], f_errors text[], f_models text[], f_input_tokens bigint[], f_output_tokens bigint[], f_providers text[], f_profiles text[], f_releases boolean[], f_entry_ends integer[], f_keys text[], f_roles text[], f_contents text[], f_run_ids uuid[], f_tool_call_ids text[], f_tool_names text[], f_data text[], f_reports jsonb[], e_sessions uuid[], e_keys text[], e_kinds text[], e_payloads bytea[], e_owners text[], e_ttl_ms bigint[], e_history_limits bigint[], e_history_after bigint[]) RETURNS TABLE(is_finish boolean, idx integer, f_held boolean, f_found boolean, f_finished boolean, f_released boolean, session_found boolean, inserted boolean, seq bigint, claimed boolean, epoch bigint, owner text, taken_seq bigint, taken_key text, taken_kind text, taken_payload bytea, run_id uuid, run_status text, run_attempts integer, run_started_at timestamp with time zone, run_finished_at timestamp with time zone, h_seq bigint[], h_key text[], h_role text[], h_content text[], h_run_id uuid[], h_tool_call_id text[], h_tool_name text[], h_data text[], h_created_at timestamp with time zone[], h_delta boolean)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -904,10 +971,11 @@ BEGIN
            NULL::timestamptz, NULL::timestamptz, NULL::bigint[], NULL::text[], NULL::text[],
            NULL::text[], NULL::uuid[], NULL::text[], NULL::text[], NULL::text[],
            NULL::timestamptz[], NULL::boolean
-    FROM agentloop_finish_many(f_sessions, f_epochs, f_runs, f_seqs, f_statuses, f_errors,
-                               f_models, f_input_tokens, f_output_tokens, f_providers,
-                               f_profiles, f_releases, f_entry_ends, f_keys, f_roles,
-                               f_contents, f_run_ids, f_tool_call_ids, f_tool_names, f_data)
+    FROM agentloop_finish_many_reported(f_sessions, f_epochs, f_runs, f_seqs, f_statuses,
+                                        f_errors, f_models, f_input_tokens, f_output_tokens,
+                                        f_providers, f_profiles, f_releases, f_entry_ends,
+                                        f_keys, f_roles, f_contents, f_run_ids,
+                                        f_tool_call_ids, f_tool_names, f_data, f_reports)
         AS f;
 
     RETURN QUERY
@@ -1079,6 +1147,9 @@ CREATE TABLE public.memories (
     session_id uuid,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    embedding bytea,
+    embedding_model text,
+    CONSTRAINT memories_embedding_shape CHECK ((((embedding IS NULL) = (embedding_model IS NULL)) AND ((embedding IS NULL) OR (((length(embedding) % 4) = 0) AND ((length(embedding) >= 4) AND (length(embedding) <= 16384)))))),
     CONSTRAINT memories_source_check CHECK ((source = ANY (ARRAY['tool'::text, 'learned'::text, 'operator'::text]))),
     CONSTRAINT memories_text_check CHECK (((length(text) >= 1) AND (length(text) <= 4000)))
 );
@@ -1106,6 +1177,7 @@ CREATE TABLE public.runs (
     output_tokens bigint DEFAULT 0 NOT NULL,
     provider text,
     profile text,
+    prompt_report jsonb,
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'completed'::text, 'error'::text, 'aborted'::text, 'timeout'::text, 'max_turns'::text])))
 )
 WITH (fillfactor='70');

@@ -327,6 +327,37 @@ async fn agentloop_prompt_matches_the_request_the_model_received_part_by_part() 
         .collect();
     let previewed: Vec<&str> = preview.tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(tools, previewed);
+
+    // The run stored the same report: each part with its tokens, and the whole request's.
+    sandbox.finished_runs(2).await.unwrap();
+    let pool = sandbox.pool().await.unwrap();
+    let report: Value = sqlx::query_scalar(
+        "SELECT prompt_report FROM runs WHERE status = 'completed' ORDER BY started_at DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let stored: Vec<(String, u64)> = report["parts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no parts in {report}"))
+        .iter()
+        .map(|p| {
+            (
+                p["part"].as_str().unwrap().to_owned(),
+                p["tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let previewed: Vec<(String, u64)> = preview
+        .parts
+        .iter()
+        .map(|p| (p.kind.name().to_owned(), p.tokens as u64))
+        .collect();
+    assert_eq!(
+        stored, previewed,
+        "runs.prompt_report differs from agentloop prompt"
+    );
+    assert_eq!(report["total_tokens"], preview.total_tokens);
     sandbox.shutdown().await.unwrap();
 }
 

@@ -187,6 +187,44 @@ pub(crate) fn system_prompt(parts: &[Part]) -> String {
     prompt
 }
 
+/// One part's line of a prompt report.
+#[derive(serde::Serialize)]
+struct ReportLine {
+    part: PartKind,
+    tokens: usize,
+    truncated: bool,
+}
+
+/// What a model request holds, part by part, as stored with each run (`runs.prompt_report`):
+/// the system prompt's parts (none when a hook gave the whole prompt), then the transcript,
+/// each with its estimated tokens, and the whole request's (tools included).
+pub(crate) fn report(
+    parts: &[Part],
+    system: &str,
+    tools: &[ToolSpec],
+    messages: &[agentloop_model::ChatMessage],
+) -> String {
+    let lines: Vec<ReportLine> = parts
+        .iter()
+        .map(|p| ReportLine {
+            part: p.kind,
+            tokens: p.tokens,
+            truncated: p.truncated,
+        })
+        .chain(std::iter::once(ReportLine {
+            part: PartKind::Transcript,
+            tokens: crate::prompt::messages_tokens(messages),
+            truncated: false,
+        }))
+        .collect();
+    serde_json::json!({
+        "parts": lines,
+        "system_tokens": estimate_tokens(system),
+        "total_tokens": crate::prompt::estimate_request(messages, system, tools),
+    })
+    .to_string()
+}
+
 fn push(out: &mut Vec<Part>, kind: PartKind, text: String) {
     if text.trim().is_empty() {
         return;

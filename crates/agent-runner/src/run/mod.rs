@@ -47,6 +47,8 @@ struct Outcome {
     profile: String,
     usage: Usage,
     turns: u32,
+    /// What the model received at the run's first turn, part by part (JSON; empty: unknown).
+    prompt_report: String,
 }
 
 /// What a run reads: its input, its session and the replica. Fixed for the whole run.
@@ -78,6 +80,9 @@ struct RunState {
     /// The run's input entries, written with its first persisted step (or its end) to save a
     /// round trip; until then the inbox row holds the input.
     unwritten: Vec<Entry>,
+    /// What the model received at the run's first turn, part by part (JSON), stored with the
+    /// run's end.
+    prompt_report: String,
     /// The final answer's entry, written in the same transaction that finishes the run.
     last: Option<Entry>,
 }
@@ -130,6 +135,7 @@ pub(crate) async fn execute(
                 profile: String::new(),
                 usage: Usage::default(),
                 turns: 0,
+                prompt_report: String::new(),
             };
             return finish(replica, owner, &run, &item, &outcome, Vec::new()).await;
         }
@@ -296,6 +302,7 @@ impl RunCtx<'_> {
             profile: by.profile.clone(),
             usage: state.usage,
             turns: state.turns,
+            prompt_report: state.prompt_report.clone(),
         }
     }
 
@@ -462,6 +469,7 @@ async fn finish(
         profile: outcome.profile.clone(),
         entries,
         release_if_idle: true,
+        prompt_report: outcome.prompt_report.clone(),
     };
     // The lease may go back with this call: leave the owned set first, so input arriving now
     // claims the session (or, if the lease stays, is seen by this owner's next take).

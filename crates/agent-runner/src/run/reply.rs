@@ -126,6 +126,7 @@ mod tests {
             profile: String::new(),
             usage: Usage::default(),
             turns: 1,
+            prompt_report: String::new(),
         }
     }
 

@@ -79,8 +79,9 @@ pub(super) async fn converse(
     } else {
         ctx.agent.instructions.as_str()
     };
-    let system = match begin.system_prompt {
-        Some(system) => system,
+    // A hook that gives the whole system prompt leaves no parts to report.
+    let (system, parts) = match begin.system_prompt {
+        Some(system) => (system, Vec::new()),
         None => {
             let query: Vec<&str> = start_inputs.iter().map(String::as_str).collect();
             let who = context::Who {
@@ -114,7 +115,7 @@ pub(super) async fn converse(
                 date: &context::today(),
                 hook_context: begin.context.as_deref(),
             });
-            context::system_prompt(&parts)
+            (context::system_prompt(&parts), parts)
         }
     };
     let budget = ctx
@@ -146,6 +147,9 @@ pub(super) async fn converse(
         state.turns = turn;
         let dropped = prompt::fit(&mut messages, &system, &specs, budget);
         prior = prior.saturating_sub(dropped);
+        if state.prompt_report.is_empty() {
+            state.prompt_report = context::report(&parts, &system, &specs, &messages);
+        }
         let mut cx = Context {
             messages: &mut messages,
             prior,

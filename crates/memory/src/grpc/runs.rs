@@ -87,6 +87,7 @@ impl SessionApi {
             output_tokens: parse_tokens("output_tokens", req.output_tokens)?,
             provider: non_empty(&req.provider),
             profile: non_empty(&req.profile),
+            prompt_report: prompt_report(&req.prompt_report, &req.run_id),
         };
         let entries = new_entries(req.entries)?;
         let finished = self
@@ -122,5 +123,44 @@ impl SessionApi {
         Ok(pb::ListClaimableResponse {
             session_ids: ids.into_iter().map(|id| id.to_string()).collect(),
         })
+    }
+}
+
+/// The longest prompt report kept.
+const MAX_PROMPT_REPORT_BYTES: usize = 64 * 1024;
+
+/// A run's prompt report as stored: JSON of at most [`MAX_PROMPT_REPORT_BYTES`]. One that is
+/// not is left out with a warning rather than failing the run's end over a diagnostic.
+fn prompt_report(report: &str, run_id: &str) -> Option<String> {
+    if report.is_empty() {
+        return None;
+    }
+    let usable = report.len() <= MAX_PROMPT_REPORT_BYTES
+        && serde_json::from_str::<serde::de::IgnoredAny>(report).is_ok();
+    if !usable {
+        tracing::warn!(
+            run_id,
+            bytes = report.len(),
+            "prompt report is not JSON of at most 64 KiB; the run ends without it"
+        );
+        return None;
+    }
+    Some(report.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_report_is_kept_only_as_json_of_bounded_size() {
+        assert_eq!(prompt_report("", "r"), None);
+        assert_eq!(
+            prompt_report(r#"{"parts":[]}"#, "r").as_deref(),
+            Some(r#"{"parts":[]}"#)
+        );
+        assert_eq!(prompt_report("{not json", "r"), None);
+        let huge = format!("\"{}\"", "x".repeat(MAX_PROMPT_REPORT_BYTES));
+        assert_eq!(prompt_report(&huge, "r"), None);
     }
 }

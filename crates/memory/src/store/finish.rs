@@ -94,6 +94,7 @@ pub(crate) fn bind_many<'q, O>(
         .bind(entry_ends);
     // The entries are bound where they lie, run after run in lock order, not copied.
     bind_entries(query, ordered.iter().flat_map(|call| call.entries.iter()))
+        .bind(column(ordered, |a| a.outcome.prompt_report.as_deref()))
 }
 
 async fn finish_one(
@@ -115,6 +116,7 @@ async fn finish_one(
         .bind(outcome.profile.as_deref());
     bind_entries(query, item.entries.iter())
         .bind(item.release)
+        .bind(outcome.prompt_report.as_deref())
         .fetch_one(conn)
         .await
         .map_err(|err| translate(err, item.session_id))

@@ -357,6 +357,8 @@ pub struct RunOutcome {
     pub provider: Option<String>,
     /// The auth profile that answered.
     pub profile: Option<String>,
+    /// What the model received, part by part (JSON, checked), when the runner reported it.
+    pub prompt_report: Option<String>,
 }
 
 /// Returns `None` for an empty string: proto3 has no null, the schema does.

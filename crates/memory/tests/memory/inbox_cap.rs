@@ -86,6 +86,7 @@ async fn the_cap_refuses_one_input_too_many_until_one_is_consumed(pool: PgPool) 
                 output_tokens: 0,
                 provider: None,
                 profile: None,
+                prompt_report: None,
             },
         )
         .await

@@ -32,7 +32,17 @@ fn outcome(run_id: Uuid, inbox_seq: i64, tokens: i64) -> RunOutcome {
         output_tokens: tokens * 2,
         provider: Some("fake".to_owned()),
         profile: None,
+        prompt_report: Some(format!(r#"{{"run": "{run_id}", "parts": []}}"#)),
     }
+}
+
+/// The prompt report stored with a run, as text.
+async fn stored_report(pool: &PgPool, run_id: Uuid) -> Option<String> {
+    sqlx::query_scalar("SELECT prompt_report->>'run' FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(pool)
+        .await
+        .expect("the run exists")
 }
 
 /// Returns a session held by `owner` with its epoch.
@@ -412,7 +422,14 @@ async fn a_retried_finish_changes_nothing_and_counts_tokens_once(pool: PgPool) {
     let done = outcome(taken.run.id, taken.item.seq, 10);
 
     let first = store.finish_run(session_id, epoch, &done).await.unwrap();
-    let retry = store.finish_run(session_id, epoch, &done).await.unwrap();
+    let other_report = RunOutcome {
+        prompt_report: Some(r#"{"run": "a retry's"}"#.to_owned()),
+        ..done.clone()
+    };
+    let retry = store
+        .finish_run(session_id, epoch, &other_report)
+        .await
+        .unwrap();
     let wrong_run = store
         .finish_run(
             session_id,
@@ -443,6 +460,11 @@ async fn a_retried_finish_changes_nothing_and_counts_tokens_once(pool: PgPool) {
     .unwrap();
     assert_eq!(status, "completed");
     assert_eq!(consumed_by, Some(taken.run.id));
+    assert_eq!(
+        stored_report(store.pool(), taken.run.id).await,
+        Some(taken.run.id.to_string()),
+        "the finishing call's report is kept, a retry's is not"
+    );
     assert!(
         store
             .take_next(session_id, epoch, "runner-a")
@@ -809,6 +831,13 @@ async fn enqueues_and_run_ends_of_many_sessions_share_batches_and_each_gets_its_
             "session {i}"
         );
     }
+    for (id, _, took) in &taken {
+        assert_eq!(
+            stored_report(&pool, took.run.id).await,
+            Some(took.run.id.to_string()),
+            "session {id}: each run of a batch keeps its own prompt report"
+        );
+    }
 }
 
 /// Sessions `{prefix}-{i}`, each with its input "first" taken by `runner-a`: (id, epoch, taken).
@@ -999,6 +1028,13 @@ async fn run_ends_and_enqueues_waiting_together_share_one_batch_and_the_run_ends
         0,
         "every batch ran as one statement"
     );
+    for (_, _, took) in &running {
+        assert_eq!(
+            stored_report(&pool, took.run.id).await,
+            Some(took.run.id.to_string()),
+            "a run ended in a batch of both kinds keeps its prompt report"
+        );
+    }
 }
 
 #[sqlx::test(migrations = "./migrations")]

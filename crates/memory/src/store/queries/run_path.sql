@@ -8,4 +8,5 @@ SELECT is_finish, idx,
        run_started_at AS started_at, run_finished_at AS finished_at, h_delta, h_seq, h_key,
        h_role, h_content, h_run_id, h_tool_call_id, h_tool_name, h_data, h_created_at
 FROM agentloop_run_path($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                        $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)
+                        $17, $18, $19, $20, $21::jsonb[], $22, $23, $24, $25, $26, $27, $28,
+                        $29)
