@@ -27,8 +27,10 @@
 #   BENCH_PEERS_DIR overrides) and replaces its own section of bench/RESULTS.md.
 #        ./scripts/bench.sh --retrieval [--quick] [--no-write | --out PATH] [--keep-logs]
 #   --retrieval: long-term memory search against the memory service alone: recall@1 and
-#   recall@5 of bench/retrieval/facts.jsonl (one user), then SearchMemories latency over gRPC at
-#   100,000 memories; replaces its own section of bench/RESULTS.md (under a minute).
+#   recall@5 of bench/retrieval/facts.jsonl (one user), full text and hybrid with the vectors of
+#   all-MiniLM-L6-v2 (bench/embed/server.py; bench/embed/setup.sh installs it into .venv), then
+#   SearchMemories latency over gRPC at 100,000 memories; replaces its own section of
+#   bench/RESULTS.md (about two minutes).
 # Environment: BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432), BENCH_RUST_LOG
 # (services' RUST_LOG, default info), BENCH_PEERS_DIR (default .bench-peers),
 # BENCH_NATS_GOMAXPROCS (nats-server's GOMAXPROCS, default 1).
@@ -38,6 +40,9 @@ cd "$REPO_ROOT"
 
 extra=()
 for arg in "$@"; do
+  if [[ "$arg" == "--retrieval" ]]; then
+    bash "$REPO_ROOT/bench/embed/setup.sh"
+  fi
   if [[ "$arg" == "--openclaw" ]]; then
     if ! paths="$("$REPO_ROOT/bench/openclaw/install.sh" "${BENCH_PEERS_DIR:-$REPO_ROOT/.bench-peers}")"; then
       log "--openclaw: installing OpenClaw failed (see above); the default bench does not need it"

@@ -8,6 +8,7 @@
 mod api;
 mod burst;
 mod client;
+mod embed_server;
 mod matrix;
 mod openclaw;
 mod options;
@@ -16,6 +17,7 @@ mod procfs;
 mod report;
 mod retrieval;
 mod retrieval_data;
+mod retrieval_report;
 mod section;
 mod setup;
 mod sidebyside;

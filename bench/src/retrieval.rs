@@ -1,10 +1,11 @@
 //! `--retrieval`: how well and how fast memory's long-term search finds what a user told the
-//! assistant. The memory service runs alone as a process of its own on a fresh database; the
-//! bench saves the dataset's facts for one user through `SaveMemory`, asks each question through
-//! `SearchMemories` (limit 5, min_score 0) for recall@1 and recall@5, fills the table to 100,000
-//! memories (1,000 other users and 500 more of the measured user's own) and times
-//! `SearchMemories` over gRPC at that size. One table, kept in its own section of
-//! `bench/RESULTS.md`.
+//! assistant, by full text alone and hybrid (with the vectors of a real small embeddings model,
+//! all-MiniLM-L6-v2 served by `bench/embed/server.py`). The memory service runs alone as a
+//! process of its own on a fresh database; the bench saves the dataset's facts for one user
+//! through `SaveMemory` (with their vectors), asks each question through `SearchMemories`
+//! (limit 5, min_score 0) without and with the question's vector for recall@1 and recall@5,
+//! fills the table to 100,000 memories (1,000 other users and 500 more of the measured user's
+//! own) and times both searches over gRPC at that size. The markdown is `retrieval_report.rs`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -16,40 +17,32 @@ use futures::future::BoxFuture;
 use agentloop_proto::v1 as pb;
 use pb::session_service_client::SessionServiceClient;
 
+use crate::embed_server::{EmbedServer, MODEL, packed};
 use crate::options::Options;
 use crate::report::{Pct, pct};
-use crate::retrieval_data::{Fact, dataset_path, filler, load, recall_at};
+use crate::retrieval_data::{Fact, Rng, dataset_path, filler, load, recall_at};
 use crate::stack::Stack;
 use crate::step;
 
-/// Opens the retrieval section of `bench/RESULTS.md`.
-pub const BEGIN: &str = "<!-- retrieval:begin -->";
-/// Closes it.
-pub const END: &str = "<!-- retrieval:end -->";
-/// Where this section stands in `bench/RESULTS.md`.
-pub const SECTION: crate::section::Markers = crate::section::Markers {
-    begin: BEGIN,
-    end: END,
-};
+pub use crate::retrieval_report::SECTION;
 
 /// Memories in the table when the latency is measured.
-const TOTAL: usize = 100_000;
+pub(crate) const TOTAL: usize = 100_000;
 /// Filler memories of the measured user itself: what its searches rank the facts among.
-const OWN_FILLER: usize = 500;
+pub(crate) const OWN_FILLER: usize = 500;
 /// Other users the rest of the filler is spread over.
-const OTHER_USERS: usize = 1000;
+pub(crate) const OTHER_USERS: usize = 1000;
 /// Rows per `INSERT` of the filler.
-const BATCH: usize = 5000;
+pub(crate) const BATCH: usize = 5000;
 /// The agent every memory belongs to.
-const AGENT: &str = "main";
+pub(crate) const AGENT: &str = "main";
 /// The most memories a search returns here, and the k of the wider recall.
-const LIMIT: u32 = 5;
-/// The statement memory's `SearchMemories` runs (read from its crate, so that the two agree).
+pub(crate) const LIMIT: u32 = 5;
+/// The full-text statement memory's `SearchMemories` runs (read from its crate, so that the two
+/// agree).
 const SEARCH_SQL: &str = include_str!("../../crates/memory/src/store/queries/search_memories.sql");
-/// Recall@k and latency at the scale of a real assistant: hybrid search (full-text with
-/// embeddings) is to reach these.
-const TARGET_RECALL_AT_5: f64 = 0.9;
-const TARGET_P50_MS: f64 = 2.0;
+/// The length of all-MiniLM-L6-v2's vectors, which other users' filler gets at random.
+const DIMENSIONS: usize = 384;
 
 /// Where each question's fact came back.
 #[derive(Debug, Clone, Default)]
@@ -60,28 +53,42 @@ pub struct Recall {
     pub empty: usize,
 }
 
+/// Recall by full text alone and hybrid, at one fill.
+#[derive(Debug, Clone, Default)]
+pub struct Both {
+    /// `SearchMemories` without a query vector.
+    pub text: Recall,
+    /// With the question's vector.
+    pub hybrid: Recall,
+}
+
 /// What a `--retrieval` run measured.
 pub struct Retrieval {
-    date: String,
-    commit: String,
-    machine: (usize, String, String),
-    postgres: String,
-    facts: usize,
+    pub(crate) date: String,
+    pub(crate) commit: String,
+    pub(crate) machine: (usize, String, String),
+    pub(crate) postgres: String,
+    pub(crate) facts: usize,
     /// Questions that share at least one word stem with their fact: the most full-text search
     /// can find.
-    overlap: usize,
+    pub(crate) overlap: usize,
     /// With the facts alone stored for the user.
-    alone: Recall,
+    pub(crate) alone: Both,
     /// With the measured user's filler as well, at [`TOTAL`] memories.
-    crowded: Recall,
+    pub(crate) crowded: Both,
     /// Memories and users in the table after the fill.
-    stored: (i64, i64),
-    /// How long the filler's `INSERT`s and the `ANALYZE` took.
-    fill: Duration,
-    passes: usize,
-    latency: Pct,
-    /// Memory's search statement run by the bench itself over the same questions.
-    sql_latency: Pct,
+    pub(crate) stored: (i64, i64),
+    /// How long embedding the filler, its `INSERT`s and the `ANALYZE` took.
+    pub(crate) fill: Duration,
+    pub(crate) passes: usize,
+    /// `SearchMemories` over gRPC, full text alone.
+    pub(crate) latency: Pct,
+    /// `SearchMemories` over gRPC with the question's vector (embedded beforehand).
+    pub(crate) hybrid_latency: Pct,
+    /// Memory's full-text statement run by the bench itself over the same questions.
+    pub(crate) sql_latency: Pct,
+    /// One question embedded over HTTP by the model server, as a run's recall does first.
+    pub(crate) embed_latency: Pct,
 }
 
 /// Memory's gRPC calls as the bench makes them (boxed so that nothing here names the client's
@@ -114,15 +121,27 @@ impl Api {
         })
     }
 
-    async fn search(&self, user_key: &str, query: &str) -> anyhow::Result<Vec<String>> {
+    async fn search(
+        &self,
+        user_key: &str,
+        query: &str,
+        vector: Option<&[f32]>,
+    ) -> anyhow::Result<Vec<String>> {
         (self.search)(pb::SearchMemoriesRequest {
             scope: Some(scope(user_key)),
             query: query.to_owned(),
             limit: LIMIT,
             min_score: 0.0,
-            query_embedding: None,
+            query_embedding: vector.map(embedding),
         })
         .await
+    }
+}
+
+fn embedding(values: &[f32]) -> pb::Embedding {
+    pb::Embedding {
+        model: MODEL.to_owned(),
+        values: values.to_vec(),
     }
 }
 
@@ -157,13 +176,27 @@ pub async fn run(
         .context("failed to connect to the bench database")?;
     let user_key = format!("bench:retrieval:{}", stack.db_name);
 
+    step("starting the embeddings model (bench/embed/server.py, all-MiniLM-L6-v2)");
+    let embedder = EmbedServer::start().await?;
+    let t0 = Instant::now();
+    let texts: Vec<&str> = facts.iter().map(|f| f.fact.as_str()).collect();
+    let fact_vectors = embedder.embed(&texts).await?;
+    let questions: Vec<&str> = facts.iter().map(|f| f.question.as_str()).collect();
+    let question_vectors = embedder.embed(&questions).await?;
+    step(&format!(
+        "embedded {} facts and questions in {:.1} s",
+        texts.len() + questions.len(),
+        t0.elapsed().as_secs_f64()
+    ));
+
     step(&format!("saving {} facts through SaveMemory", facts.len()));
     let mut memory_of = HashMap::with_capacity(facts.len());
-    for fact in &facts {
+    for (fact, vector) in facts.iter().zip(&fact_vectors) {
         let id = (api.save)(pb::SaveMemoryRequest {
             scope: Some(scope(&user_key)),
             text: fact.fact.clone(),
             source: "tool".to_owned(),
+            embedding: Some(embedding(vector)),
             ..Default::default()
         })
         .await
@@ -171,27 +204,40 @@ pub async fn run(
         memory_of.insert(fact.id, id);
     }
     let overlap = overlap(&pool, &facts).await?;
+    let ask = Ask {
+        api: &api,
+        user_key: &user_key,
+        facts: &facts,
+        vectors: &question_vectors,
+        memory_of: &memory_of,
+    };
 
     step("recall, the facts alone");
-    let alone = recall(&api, &user_key, &facts, &memory_of).await?;
-    report_misses("facts alone", &facts, &alone);
+    let alone = ask.both("facts alone").await?;
 
     let filler_total = TOTAL - facts.len() - OWN_FILLER;
     step(&format!(
         "filling to {TOTAL} memories: {OWN_FILLER} more for the user, {filler_total} for {OTHER_USERS} others (SQL, batches of {BATCH})"
     ));
     let t0 = Instant::now();
-    let mut rows: Vec<(String, String)> = filler(1, OWN_FILLER)
-        .into_iter()
-        .map(|t| (user_key.clone(), t))
+    // The user's own filler gets the model's vectors: it is what hybrid search ranks the facts
+    // among. Other users' get random ones: never compared, they give the table its real size.
+    let own = filler(1, OWN_FILLER);
+    let own_texts: Vec<&str> = own.iter().map(String::as_str).collect();
+    let own_vectors = embedder.embed(&own_texts).await?;
+    let mut rows: Vec<(String, String, Vec<u8>)> = own
+        .iter()
+        .zip(&own_vectors)
+        .map(|(t, v)| (user_key.clone(), t.clone(), packed(v)))
         .collect();
+    let mut rng = Rng::new(7);
     for user in 0..OTHER_USERS {
         let count = filler_total / OTHER_USERS + usize::from(user < filler_total % OTHER_USERS);
         let key = format!("bench:filler:{user}");
         rows.extend(
             filler(1000 + user as u64, count)
                 .into_iter()
-                .map(|t| (key.clone(), t)),
+                .map(|t| (key.clone(), t, packed(&rng.vector(DIMENSIONS)))),
         );
     }
     for chunk in rows.chunks(BATCH) {
@@ -211,8 +257,7 @@ pub async fn run(
     ));
 
     step("recall among the user's filler (also the latency warm-up)");
-    let crowded = recall(&api, &user_key, &facts, &memory_of).await?;
-    report_misses("with filler", &facts, &crowded);
+    let crowded = ask.both("with filler").await?;
 
     let passes = if options.quick { 2 } else { 5 };
     step(&format!(
@@ -220,11 +265,19 @@ pub async fn run(
         facts.len()
     ));
     let mut sample = Vec::with_capacity(passes * facts.len());
+    let mut hybrid_sample = Vec::with_capacity(passes * facts.len());
+    let mut embed_sample = Vec::with_capacity(passes * facts.len());
     for _ in 0..passes {
-        for fact in &facts {
+        for (fact, vector) in facts.iter().zip(&question_vectors) {
             let t = Instant::now();
-            api.search(&user_key, &fact.question).await?;
+            api.search(&user_key, &fact.question, None).await?;
             sample.push(t.elapsed());
+            let t = Instant::now();
+            api.search(&user_key, &fact.question, Some(vector)).await?;
+            hybrid_sample.push(t.elapsed());
+            let t = Instant::now();
+            embedder.embed(&[fact.question.as_str()]).await?;
+            embed_sample.push(t.elapsed());
         }
     }
     // The same statement memory runs, straight from the bench: what of the call is Postgres.
@@ -265,7 +318,9 @@ pub async fn run(
         fill,
         passes,
         latency: pct(&sample),
+        hybrid_latency: pct(&hybrid_sample),
         sql_latency: pct(&sql_sample),
+        embed_latency: pct(&embed_sample),
     })
 }
 
@@ -286,42 +341,67 @@ async fn overlap(pool: &sqlx::PgPool, facts: &[Fact]) -> anyhow::Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
-/// Filler rows straight into `memories` (its tsvector column is generated); ids from the user
-/// and text, so a run's filler is the same on every machine.
-async fn insert(pool: &sqlx::PgPool, rows: &[(String, String)]) -> anyhow::Result<()> {
-    let (users, texts): (Vec<String>, Vec<String>) = rows.iter().cloned().unzip();
+/// Filler rows straight into `memories` (its tsvector column is generated), each with its
+/// vector as memory stores one; ids from the user and text, so a run's filler is the same on
+/// every machine.
+async fn insert(pool: &sqlx::PgPool, rows: &[(String, String, Vec<u8>)]) -> anyhow::Result<()> {
+    let users: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    let texts: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    let vectors: Vec<&[u8]> = rows.iter().map(|r| r.2.as_slice()).collect();
     sqlx::query(
-        "INSERT INTO memories (id, agent_id, user_key, text, source) \
-         SELECT md5(u || chr(10) || t)::uuid, $3, u, t, 'tool' \
-         FROM unnest($1::text[], $2::text[]) AS x(u, t)",
+        "INSERT INTO memories (id, agent_id, user_key, text, source, embedding, embedding_model) \
+         SELECT md5(u || chr(10) || t)::uuid, $3, u, t, 'tool', v, $5 \
+         FROM unnest($1::text[], $2::text[], $4::bytea[]) AS x(u, t, v)",
     )
     .bind(users)
     .bind(texts)
     .bind(AGENT)
+    .bind(vectors)
+    .bind(MODEL)
     .execute(pool)
     .await
     .context("failed to insert filler memories")?;
     Ok(())
 }
 
-async fn recall(
-    api: &Api,
-    user_key: &str,
-    facts: &[Fact],
-    memory_of: &HashMap<u32, String>,
-) -> anyhow::Result<Recall> {
-    let mut out = Recall::default();
-    for fact in facts {
-        let found = api.search(user_key, &fact.question).await?;
-        out.empty += usize::from(found.is_empty());
-        let expected = memory_of.get(&fact.id);
-        out.ranks
-            .push(found.iter().position(|id| Some(id) == expected));
-    }
-    Ok(out)
+/// The dataset's questions put to one user's memories.
+struct Ask<'a> {
+    api: &'a Api,
+    user_key: &'a str,
+    facts: &'a [Fact],
+    /// Each question's vector, in the facts' order.
+    vectors: &'a [Vec<f32>],
+    memory_of: &'a HashMap<u32, String>,
 }
 
-/// A few questions whose fact was not found, on stderr: what full-text search misses.
+impl Ask<'_> {
+    /// Recall by full text alone, then hybrid.
+    async fn both(&self, when: &str) -> anyhow::Result<Both> {
+        let text = self.recall(false).await?;
+        report_misses(&format!("{when}, full text"), self.facts, &text);
+        let hybrid = self.recall(true).await?;
+        report_misses(&format!("{when}, hybrid"), self.facts, &hybrid);
+        Ok(Both { text, hybrid })
+    }
+
+    async fn recall(&self, hybrid: bool) -> anyhow::Result<Recall> {
+        let mut out = Recall::default();
+        for (fact, vector) in self.facts.iter().zip(self.vectors) {
+            let vector = hybrid.then_some(vector.as_slice());
+            let found = self
+                .api
+                .search(self.user_key, &fact.question, vector)
+                .await?;
+            out.empty += usize::from(found.is_empty());
+            let expected = self.memory_of.get(&fact.id);
+            out.ranks
+                .push(found.iter().position(|id| Some(id) == expected));
+        }
+        Ok(out)
+    }
+}
+
+/// A few questions whose fact was not found, on stderr: what the search misses.
 fn report_misses(when: &str, facts: &[Fact], recall: &Recall) {
     let misses: Vec<&Fact> = facts
         .iter()
@@ -338,97 +418,5 @@ fn report_misses(when: &str, facts: &[Fact], recall: &Recall) {
     ));
     for f in misses.iter().take(5) {
         eprintln!("    {:?} -> {:?}", f.question, f.fact);
-    }
-}
-
-/// Whether full-text alone meets the hybrid target, in words.
-fn verdict(recall_at_5: f64, p50_ms: f64) -> &'static str {
-    match (recall_at_5 >= TARGET_RECALL_AT_5, p50_ms < TARGET_P50_MS) {
-        (true, true) => "meets it",
-        (false, true) => "does not meet it: its latency is within the target, its recall is not",
-        (true, false) => "does not meet it: its recall is within the target, its latency is not",
-        (false, false) => "does not meet it: neither its recall nor its latency",
-    }
-}
-
-impl Retrieval {
-    /// The section for `bench/RESULTS.md` (also printed), between [`BEGIN`] and [`END`].
-    pub fn markdown(&self) -> String {
-        let (cores, model, mem) = &self.machine;
-        let n = self.facts;
-        let k = LIMIT as usize;
-        let rate = |r: &Recall, k: usize| format!("{:.3}", recall_at(&r.ranks, k));
-        let (stored, users) = self.stored;
-        let l = &self.latency;
-        let r5 = recall_at(&self.crowded.ranks, k);
-        format!(
-            "{BEGIN}\n## Long-term memory retrieval: full-text search (`./scripts/bench.sh --retrieval`)\n\n\
-             {date}, commit {commit}, {cores} cores ({model}), memory (`free -h`): {mem}, \
-             Postgres {pg}. The memory service as a process of its own on a fresh database; the \
-             bench calls its gRPC API: `SaveMemory` for the facts, `SearchMemories` (limit {k}, \
-             min_score 0) with each question, one user (`user_key`), agent `{AGENT}`. Dataset: \
-             `bench/retrieval/facts.jsonl`, {n} facts a user might tell an assistant, each with \
-             a question asked later in other words (`bench/retrieval/README.md`); {overlap} of \
-             the {n} questions share at least one word stem with their fact, the most that \
-             Postgres full-text search (any of the question's words) can find.\n\n\
-             | | the {n} facts alone | among {own} more memories of the same user, {stored} in all |\n\
-             |---|---:|---:|\n\
-             | recall@1 | {a1} | {c1} |\n\
-             | recall@{k} | {a5} | {c5} |\n\
-             | questions with no result at all | {ae} | {ce} |\n\n\
-             | `SearchMemories` over gRPC, {stored} memories of {users} users | calls | p50 ms | p90 ms | p99 ms | max ms |\n\
-             |---|---:|---:|---:|---:|---:|\n\
-             | one call at a time, {passes} passes over the {n} questions | {calls} | {p50:.2} | {p90:.2} | {p99:.2} | {max:.2} |\n\
-             | the same statement as memory runs it, in SQL from the bench (no gRPC, no service) | {s_calls} | {s50:.2} | {s90:.2} | {s99:.2} | {smax:.2} |\n\n\
-             The filler ({own} memories for the measured user, {others} for {OTHER_USERS} other \
-             users) is generated deterministically from templates and inserted with SQL straight \
-             into `memories`, {BATCH} rows per `INSERT`, then `ANALYZE` ({fill:.1} s); only the \
-             {n} facts go through `SaveMemory`.\n\n\
-             Full-text only: hybrid search with embeddings is not built yet. The target is \
-             hybrid recall@5 ≥ {TARGET_RECALL_AT_5} with recall adding < {TARGET_P50_MS} ms p50 \
-             to a run; full-text alone {verdict} (recall@5 {r5:.3} among the user's {total_own} \
-             memories, `SearchMemories` p50 {p50:.2} ms).\n{END}\n",
-            date = self.date,
-            commit = self.commit,
-            pg = self.postgres,
-            overlap = self.overlap,
-            own = OWN_FILLER,
-            a1 = rate(&self.alone, 1),
-            c1 = rate(&self.crowded, 1),
-            a5 = rate(&self.alone, k),
-            c5 = rate(&self.crowded, k),
-            ae = self.alone.empty,
-            ce = self.crowded.empty,
-            passes = self.passes,
-            calls = l.n,
-            p50 = l.p50,
-            p90 = l.p90,
-            p99 = l.p99,
-            max = l.max,
-            s_calls = self.sql_latency.n,
-            s50 = self.sql_latency.p50,
-            s90 = self.sql_latency.p90,
-            s99 = self.sql_latency.p99,
-            smax = self.sql_latency.max,
-            others = usize::try_from(stored)
-                .unwrap_or(0)
-                .saturating_sub(n + OWN_FILLER),
-            fill = self.fill.as_secs_f64(),
-            verdict = verdict(r5, l.p50),
-            total_own = n + OWN_FILLER,
-        )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_verdict_needs_both_recall_and_latency() {
-        assert_eq!(verdict(0.95, 1.2), "meets it");
-        assert!(verdict(0.5, 1.2).contains("its recall is not"));
-        assert!(verdict(0.95, 3.0).contains("its latency is not"));
-        assert!(verdict(0.9, 1.99).starts_with("meets"));
     }
 }

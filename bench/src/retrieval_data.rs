@@ -96,6 +96,18 @@ impl Rng {
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
+    /// A vector of `dims` values in -1..1, for memories whose vector is never compared (other
+    /// users'): they give the table its real size without a model computing them.
+    pub fn vector(&mut self, dims: usize) -> Vec<f32> {
+        (0..dims)
+            .map(|_| {
+                #[allow(clippy::cast_precision_loss)]
+                let unit = (self.next() >> 11) as f32 / (1u64 << 53) as f32;
+                unit * 2.0 - 1.0
+            })
+            .collect()
+    }
+
     fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
         let len = u64::try_from(from.len()).unwrap_or(u64::MAX);
         from[usize::try_from(self.next() % len).unwrap_or(0)]

@@ -831,6 +831,21 @@ $$;
 
 
 --
+-- Name: agentloop_memories_version(text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_memories_version(p_user text, p_agent text) RETURNS TABLE(count bigint, hash text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT count(*),
+           coalesce(sum(hashtextextended(m.id::text || extract(epoch FROM m.updated_at)::text, 0)),
+                    0)::text
+    FROM memories AS m
+    WHERE m.user_key = p_user AND m.agent_id = p_agent
+$$;
+
+
+--
 -- Name: agentloop_memory_query(text); Type: FUNCTION; Schema: public; Owner: -
 --
 

@@ -1,7 +1,8 @@
 //! Fake model server for tests and benchmarks.
 //!
 //! Speaks the real wire protocols, streaming included: OpenAI Chat Completions
-//! (`POST /v1/chat/completions`, `POST /v1/embeddings`, `GET /v1/models`) and Anthropic Messages (`POST /v1/messages`).
+//! (`POST /v1/chat/completions`, `POST /v1/embeddings`, `GET /v1/models`) and Anthropic
+//! Messages (`POST /v1/messages`).
 //! By default it echoes the last user message (`echo: <text>`). Tests in other processes steer it
 //! with directives inside that message:
 //!
@@ -279,18 +280,7 @@ async fn openai_embeddings(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let parsed = serde_json::from_slice::<embeddings::EmbeddingsRequest>(&body);
-    if state.recording() {
-        state.record(RecordedRequest {
-            path: "/v1/embeddings".to_owned(),
-            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-            headers: headers
-                .iter()
-                .filter_map(|(name, value)| {
-                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-                })
-                .collect(),
-        });
-    }
+    record(&state, "/v1/embeddings", &headers, &body);
     if !is_authorized(state.api_key(), Protocol::OpenAi, &headers) {
         return openai::error(Failure::Auth, key);
     }
@@ -359,19 +349,7 @@ async fn handle(
         include_usage: request.is_some_and(request::Request::include_usage),
     };
     let stream = request.is_some_and(request::Request::stream);
-    if state.recording() {
-        state.record(RecordedRequest {
-            path: path.to_owned(),
-            // Parsed in full only when kept.
-            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-            headers: headers
-                .iter()
-                .filter_map(|(name, value)| {
-                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-                })
-                .collect(),
-        });
-    }
+    record(state, path, &headers, &body);
     let Some(plan) = plan else {
         return match (protocol, authorized) {
             (Protocol::OpenAi, false) => openai::error(Failure::Auth, key),
@@ -390,6 +368,22 @@ async fn handle(
         (Protocol::OpenAi, None, true) => openai::stream(&plan, &ctx),
         (Protocol::Anthropic, None, false) => anthropic::complete(&plan, &ctx),
         (Protocol::Anthropic, None, true) => anthropic::stream(&plan, &ctx),
+    }
+}
+
+/// Keeps the request for `/_fake/requests`, when recording; the body is parsed in full only then.
+fn record(state: &FakeModelState, path: &str, headers: &HeaderMap, body: &[u8]) {
+    if state.recording() {
+        state.record(RecordedRequest {
+            path: path.to_owned(),
+            body: serde_json::from_slice(body).unwrap_or(Value::Null),
+            headers: headers
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+                })
+                .collect(),
+        });
     }
 }
 

@@ -12,3 +12,17 @@ ALTER TABLE memories
         AND (embedding IS NULL OR (length(embedding) % 4 = 0
                                    AND length(embedding) BETWEEN 4 AND 16384))
     );
+
+-- A user's memories of an agent summarized: how many, and a hash over each one's id and last
+-- change. Every save, replace and forget changes it (each sets updated_at or removes a row), so
+-- the memory service uses the vectors it keeps of a user only while Postgres reports the
+-- version they were read at.
+CREATE FUNCTION agentloop_memories_version(p_user text, p_agent text)
+RETURNS TABLE (count bigint, hash text)
+LANGUAGE sql STABLE AS $$
+    SELECT count(*),
+           coalesce(sum(hashtextextended(m.id::text || extract(epoch FROM m.updated_at)::text, 0)),
+                    0)::text
+    FROM memories AS m
+    WHERE m.user_key = p_user AND m.agent_id = p_agent
+$$;

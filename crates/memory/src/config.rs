@@ -52,6 +52,8 @@ pub struct MemorySettings {
     /// Most pending (not yet consumed) inputs one session may hold; an input past it is refused
     /// with `queue_full` instead of stored. 0 means no cap.
     pub inbox_max_pending: u64,
+    /// MiB of recently searched users' memories and vectors kept for hybrid search (0: none).
+    pub vector_cache_mb: usize,
 }
 
 impl Default for MemorySettings {
@@ -69,6 +71,7 @@ impl Default for MemorySettings {
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             inbox_max_pending: 1000,
+            vector_cache_mb: 64,
         }
     }
 }
@@ -85,6 +88,7 @@ impl std::fmt::Debug for MemorySettings {
             .field("batch_lanes", &self.batch_lanes)
             .field("batch_max_calls", &self.batch_max_calls)
             .field("inbox_max_pending", &self.inbox_max_pending)
+            .field("vector_cache_mb", &self.vector_cache_mb)
             .field(
                 "secret",
                 &if self.secret.is_empty() {

@@ -222,7 +222,8 @@ async fn supervise_database(
         lanes: config.memory.batch_lanes,
         max_items: config.memory.batch_max_calls,
     };
-    let store = Store::with_batching(pool, batching, &counters);
+    let store = Store::with_batching(pool, batching, &counters)
+        .with_vector_cache(config.memory.vector_cache_mb.saturating_mul(1 << 20));
     let store = slot.get_or_init(|| store);
     readiness.set(true);
     tracing::info!(

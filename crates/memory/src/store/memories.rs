@@ -8,8 +8,11 @@ use super::{Store, error::translate};
 use crate::MemoryError;
 
 mod hybrid;
+mod vectors;
 
 pub use hybrid::Embedding;
+pub use vectors::DEFAULT_BUDGET_BYTES as DEFAULT_VECTOR_CACHE_BYTES;
+pub(crate) use vectors::VectorCache;
 
 /// Whose memories a call touches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,6 +50,26 @@ pub struct Memory {
     pub updated_at: DateTime<Utc>,
     /// Relevance to the query, 0..1 (0 outside a search).
     pub score: f64,
+}
+
+/// The first answer of a hybrid search: whose memories, at which version, and the text matches.
+#[derive(sqlx::FromRow)]
+struct HybridHead {
+    user_key: Option<String>,
+    version_count: Option<i64>,
+    version_hash: Option<String>,
+    hit_ids: Vec<Uuid>,
+    hit_scores: Vec<f64>,
+}
+
+/// A memory with its stored vector and the version of its user's memories.
+#[derive(sqlx::FromRow)]
+struct WithVector {
+    #[sqlx(flatten)]
+    memory: Memory,
+    embedding: Option<Vec<u8>>,
+    version_count: i64,
+    version_hash: String,
 }
 
 /// A session's skills snapshot.
@@ -222,26 +245,75 @@ impl Store {
         let text_candidates = i64::from(limit.max(20)) * 4;
         let mut conn = self.conn(Uuid::nil()).await?;
         let result = bind_scope(
-            sqlx::query_as::<_, hybrid::Candidate>(include_str!(
-                "queries/search_memories_hybrid.sql"
-            )),
+            sqlx::query_as::<_, HybridHead>(include_str!("queries/search_memories_hybrid.sql")),
             scope,
         )
         .bind(&scope.agent_id)
         .bind(query)
-        .bind(embedding.model())
         .bind(text_candidates)
-        .fetch_all(&mut *conn)
+        .fetch_one(&mut *conn)
         .await;
-        let candidates = conn
+        let head = conn
             .settle(result)
             .map_err(|err| translate(err, Uuid::nil()))?;
+        let (Some(user_key), Some(count), Some(hash)) =
+            (head.user_key, head.version_count, head.version_hash)
+        else {
+            return Ok(Vec::new());
+        };
+        let key = vectors::Key {
+            user_key,
+            agent_id: scope.agent_id.clone(),
+            model: embedding.model().to_owned(),
+        };
+        let version = vectors::Version { count, hash };
+        let entry = match self.vectors.get(&key, &version) {
+            Some(entry) => entry,
+            None => self.read_vectors(key).await?,
+        };
+        let text_scores = head.hit_ids.into_iter().zip(head.hit_scores).collect();
         Ok(hybrid::rank(
-            candidates,
+            &entry,
+            &text_scores,
             embedding,
             limit as usize,
             min_score,
         ))
+    }
+
+    /// Reads every memory of `key`'s user with its vectors, and keeps them for later searches.
+    async fn read_vectors(
+        &self,
+        key: vectors::Key,
+    ) -> Result<std::sync::Arc<vectors::Entry>, MemoryError> {
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result =
+            sqlx::query_as::<_, WithVector>(include_str!("queries/memories_with_vectors.sql"))
+                .bind(&key.user_key)
+                .bind(&key.agent_id)
+                .bind(&key.model)
+                .fetch_all(&mut *conn)
+                .await;
+        let rows = conn
+            .settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))?;
+        let version = rows.first().map_or_else(
+            || vectors::Version {
+                count: 0,
+                hash: "0".to_owned(),
+            },
+            |r| vectors::Version {
+                count: r.version_count,
+                hash: r.version_hash.clone(),
+            },
+        );
+        let memories = rows
+            .into_iter()
+            .map(|r| (r.memory, r.embedding.as_deref().and_then(hybrid::unpacked)))
+            .collect();
+        let entry = std::sync::Arc::new(vectors::Entry::new(version, memories));
+        self.vectors.put(key, entry.clone());
+        Ok(entry)
     }
 
     /// Deletes the scope's memory `id`, or with `id` empty every one `query` matches with at

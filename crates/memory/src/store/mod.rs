@@ -44,6 +44,8 @@ pub struct Store {
     run_path: Arc<run_path::RunPath>,
     /// When this replica next sweeps expired dispatch records (`None`: at the next dispatch).
     next_dispatch_sweep: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// Recently searched users' memories with their vectors, for hybrid search.
+    vectors: Arc<memories::VectorCache>,
 }
 
 impl Store {
@@ -64,7 +66,18 @@ impl Store {
             shared: Arc::new(held::Held::new(pool, keep)),
             run_path: Arc::new(run_path),
             next_dispatch_sweep: Arc::default(),
+            vectors: Arc::new(memories::VectorCache::new(
+                memories::DEFAULT_VECTOR_CACHE_BYTES,
+            )),
         }
+    }
+
+    /// This store, keeping at most `bytes` of recently searched users' vectors for hybrid
+    /// search (0: none kept; every hybrid search reads the user's vectors).
+    #[must_use]
+    pub fn with_vector_cache(mut self, bytes: usize) -> Self {
+        self.vectors = Arc::new(memories::VectorCache::new(bytes));
+        self
     }
 
     /// Closes the pools: waits for connections in use to come back, then closes them all.

@@ -1,6 +1,11 @@
 //! Hybrid search's scoring, written once: vector similarity and full-text rank in one score.
 
+use std::collections::HashMap;
+
+use uuid::Uuid;
+
 use super::Memory;
+use super::vectors::Entry;
 use crate::MemoryError;
 
 /// How much of a hybrid score is vector similarity; the rest is full-text rank. Vectors find
@@ -63,19 +68,28 @@ impl Embedding {
         self.values.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
-    /// Cosine similarity with a stored vector; `None` when it has another length (a model
-    /// renamed or swapped under the same name), so it is never compared.
-    fn cosine(&self, stored: &[u8]) -> Option<f64> {
-        if stored.len() != self.values.len() * 4 {
+    /// Cosine similarity with a stored (unit) vector; `None` when it has another length (a
+    /// model swapped under the same name), so it is never compared.
+    fn cosine(&self, stored: &[f32]) -> Option<f64> {
+        if stored.len() != self.values.len() {
             return None;
         }
-        let dot: f32 = stored
-            .chunks_exact(4)
-            .zip(&self.values)
-            .map(|(b, q)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * q)
-            .sum();
+        let dot: f32 = stored.iter().zip(&self.values).map(|(a, b)| a * b).sum();
         Some(f64::from(dot))
     }
+}
+
+/// A stored vector read back: packed little-endian float32; `None` for a length that is not.
+pub(crate) fn unpacked(bytes: &[u8]) -> Option<Vec<f32>> {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(4) {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    )
 }
 
 /// A hybrid score in 0..1: vector similarity (negative counts as none) weighted with the
@@ -84,40 +98,41 @@ pub fn hybrid_score(text: f64, cosine: Option<f64>) -> f64 {
     VECTOR_WEIGHT * cosine.unwrap_or(0.0).clamp(0.0, 1.0) + (1.0 - VECTOR_WEIGHT) * text
 }
 
-/// A candidate of a hybrid search: the memory with its text score, and its stored vector.
-#[derive(sqlx::FromRow)]
-pub(super) struct Candidate {
-    #[sqlx(flatten)]
-    pub(super) memory: Memory,
-    pub(super) embedding: Option<Vec<u8>>,
-}
-
-/// The candidates scoring at least `min_score`, best first, at most `limit`; each memory's
-/// `score` becomes its hybrid score.
+/// The user's memories (`entry`) scoring at least `min_score`, best first, at most `limit`;
+/// `text_scores` holds the full-text score of those the query's words match. Each memory's
+/// `score` is its hybrid score.
 pub(super) fn rank(
-    candidates: Vec<Candidate>,
+    entry: &Entry,
+    text_scores: &HashMap<Uuid, f64>,
     query: &Embedding,
     limit: usize,
     min_score: f64,
 ) -> Vec<Memory> {
-    let mut scored: Vec<Memory> = candidates
-        .into_iter()
-        .map(|c| {
-            let cosine = c.embedding.as_deref().and_then(|v| query.cosine(v));
-            Memory {
-                score: hybrid_score(c.memory.score, cosine),
-                ..c.memory
-            }
+    let mut scored: Vec<(f64, usize)> = entry
+        .memories
+        .iter()
+        .enumerate()
+        .map(|(i, (memory, vector))| {
+            let text = text_scores.get(&memory.id).copied().unwrap_or(0.0);
+            let cosine = vector.as_deref().and_then(|v| query.cosine(v));
+            (hybrid_score(text, cosine), i)
         })
-        .filter(|m| m.score >= min_score)
+        .filter(|(score, _)| *score >= min_score)
         .collect();
     scored.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then(b.updated_at.cmp(&a.updated_at))
+        b.0.total_cmp(&a.0).then_with(|| {
+            let (x, y) = (&entry.memories[a.1].0, &entry.memories[b.1].0);
+            y.updated_at.cmp(&x.updated_at)
+        })
     });
-    scored.truncate(limit);
     scored
+        .into_iter()
+        .take(limit)
+        .map(|(score, i)| Memory {
+            score,
+            ..entry.memories[i].0.clone()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -127,21 +142,32 @@ mod tests {
 
     use super::*;
 
-    fn candidate(text: &str, text_score: f64, vector: Option<&[f32]>) -> Candidate {
+    fn entry(memories: &[(&str, Option<&[f32]>)]) -> Entry {
         let now = Utc::now();
-        Candidate {
-            memory: Memory {
-                id: Uuid::now_v7(),
-                agent_id: "main".into(),
-                user_key: "u".into(),
-                text: text.into(),
-                source: "tool".into(),
-                created_at: now,
-                updated_at: now,
-                score: text_score,
+        let rows = memories
+            .iter()
+            .map(|(text, vector)| {
+                let memory = Memory {
+                    id: Uuid::now_v7(),
+                    agent_id: "main".into(),
+                    user_key: "u".into(),
+                    text: (*text).into(),
+                    source: "tool".into(),
+                    created_at: now,
+                    updated_at: now,
+                    score: 0.0,
+                };
+                let vector = vector.map(|v| Embedding::new("m", v.to_vec()).unwrap().values);
+                (memory, vector)
+            })
+            .collect();
+        Entry::new(
+            super::super::vectors::Version {
+                count: 0,
+                hash: String::new(),
             },
-            embedding: vector.map(|v| Embedding::new("m", v.to_vec()).unwrap().to_bytes()),
-        }
+            rows,
+        )
     }
 
     #[test]
@@ -166,22 +192,27 @@ mod tests {
     #[test]
     fn a_paraphrase_without_shared_words_outranks_a_weak_text_match() {
         let query = Embedding::new("m", vec![1.0, 0.0, 0.0]).unwrap();
-        let ranked = rank(
-            vec![
-                candidate("word match only", 0.2, Some(&[0.0, 1.0, 0.0])),
-                candidate("paraphrase", 0.0, Some(&[0.9, 0.1, 0.0])),
-                candidate("no vector, no words", 0.0, None),
-                candidate("other model's length", 0.0, None),
-            ],
-            &query,
-            5,
-            0.05,
-        );
+        let entry = entry(&[
+            ("word match only", Some(&[0.0, 1.0, 0.0])),
+            ("paraphrase", Some(&[0.9, 0.1, 0.0])),
+            ("no vector, no words", None),
+            ("another length", Some(&[1.0, 0.0])),
+        ]);
+        let text_scores = HashMap::from([(entry.memories[0].0.id, 0.2)]);
+        let ranked = rank(&entry, &text_scores, &query, 5, 0.05);
         let texts: Vec<&str> = ranked.iter().map(|m| m.text.as_str()).collect();
         assert_eq!(texts, ["paraphrase", "word match only"]);
         assert!(
-            query.cosine(&[0u8; 8]).is_none(),
+            query.cosine(&[1.0, 0.0]).is_none(),
             "another length is never compared"
         );
+    }
+
+    #[test]
+    fn a_stored_vector_reads_back_as_packed() {
+        let e = Embedding::new("m", vec![3.0, 4.0]).unwrap();
+        assert_eq!(unpacked(&e.to_bytes()), Some(vec![0.6, 0.8]));
+        assert_eq!(unpacked(&[0, 0, 0]), None);
+        assert_eq!(unpacked(&[]), None);
     }
 }

@@ -322,3 +322,57 @@ async fn replacing_a_memory_drops_the_old_texts_vector(pool: PgPool) {
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].id, saved.id);
 }
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_replica_keeping_a_users_vectors_sees_another_replicas_saves_and_forgets(pool: PgPool) {
+    let searching = Store::new(pool.clone());
+    let writing = Store::new(pool);
+    let a = session(&searching, "a", None).await;
+    let alice = of_session(a, "alice");
+    let near = vector("m1", &[1.0, 0.0]);
+    let far = vector("m1", &[0.0, 1.0]);
+    let first = writing
+        .save_or_replace_memory(&alice, None, "Rides a blue bicycle", "tool", Some(&near))
+        .await
+        .unwrap();
+    let found = |store: &Store| {
+        let (store, alice, near) = (store.clone(), alice.clone(), near.clone());
+        async move {
+            let (found, _) = store
+                .search_memories(&alice, "two wheels", Some(&near), 5, 0.5)
+                .await
+                .unwrap();
+            found.into_iter().map(|m| m.text).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(found(&searching).await, ["Rides a blue bicycle"]);
+
+    // Another replica adds one: the next search here sees it.
+    writing
+        .save_or_replace_memory(&alice, None, "Owns a red tandem", "tool", Some(&near))
+        .await
+        .unwrap();
+    let mut now = found(&searching).await;
+    now.sort();
+    assert_eq!(now, ["Owns a red tandem", "Rides a blue bicycle"]);
+
+    // ...replaces one with a text of another meaning (the count stays the same)...
+    writing
+        .save_or_replace_memory(
+            &alice,
+            Some(first.id),
+            "Swims on Mondays",
+            "tool",
+            Some(&far),
+        )
+        .await
+        .unwrap();
+    assert_eq!(found(&searching).await, ["Owns a red tandem"]);
+
+    // ...and forgets one.
+    writing
+        .forget_memories(&alice, None, "tandem", 0.0)
+        .await
+        .unwrap();
+    assert!(found(&searching).await.is_empty());
+}

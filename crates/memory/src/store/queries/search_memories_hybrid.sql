@@ -1,23 +1,22 @@
--- $1..$5: the scope; $6 agent, $7 query text, $8 the query vector's model, $9 how many text
--- matches get a rank. Every memory of the user with a vector of that model, and the best text
--- matches, each with its full-text score (0 without a match) and its vector (NULL when it has
--- none of that model); the memory service scores and orders them (hybrid.rs).
-WITH who AS (SELECT agentloop_memory_scope($1, $2, $3, $4, $5) AS user_key),
+-- $1..$5: the scope; $6 agent, $7 query text, $8 how many text matches get a rank. One row: the
+-- user the scope names (NULL: an unknown session), the version of the user's memories, and the
+-- best text matches with their full-text scores (ids and scores in the same order). The memory
+-- service scores every memory of the user from the vectors it keeps at that version
+-- (memories/vectors.rs), reading them (memories_with_vectors.sql) when it has none.
+WITH who AS MATERIALIZED (SELECT agentloop_memory_scope($1, $2, $3, $4, $5) AS user_key),
 q AS MATERIALIZED (SELECT agentloop_memory_query($7) AS query),
-text_hits AS (
-    SELECT c.id, ts_rank_cd(c.search, q.query, 32)::float8 AS text_score
+hits AS (
+    SELECT c.id, ts_rank_cd(c.search, q.query, 32)::float8 AS score
     FROM (
         SELECT m.id, m.search
         FROM memories AS m, who, q
         WHERE m.user_key = who.user_key AND m.agent_id = $6 AND m.search @@ q.query
         ORDER BY ts_rank(m.search, q.query) DESC
-        LIMIT $9
+        LIMIT $8
     ) AS c, q
 )
-SELECT m.id, m.agent_id, m.user_key, m.text, m.source, m.created_at, m.updated_at,
-       coalesce(t.text_score, 0) AS score,
-       CASE WHEN m.embedding_model = $8 THEN m.embedding END AS embedding
-FROM memories AS m
-JOIN who ON m.user_key = who.user_key
-LEFT JOIN text_hits AS t ON t.id = m.id
-WHERE m.agent_id = $6 AND (t.id IS NOT NULL OR m.embedding_model = $8)
+SELECT who.user_key, v.count AS version_count, v.hash AS version_hash,
+       coalesce((SELECT array_agg(h.id ORDER BY h.id) FROM hits AS h), '{}') AS hit_ids,
+       coalesce((SELECT array_agg(h.score ORDER BY h.id) FROM hits AS h), '{}') AS hit_scores
+FROM who
+LEFT JOIN LATERAL agentloop_memories_version(who.user_key, $6) AS v ON true
