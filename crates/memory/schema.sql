@@ -54,6 +54,29 @@ $$;
 
 
 --
+-- Name: agentloop_bump_memory_versions(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_bump_memory_versions() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        INSERT INTO memory_versions AS v (user_key, agent_id)
+        SELECT DISTINCT o.user_key, o.agent_id FROM old_rows AS o
+        ON CONFLICT (user_key, agent_id) DO UPDATE SET version = v.version + 1;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        INSERT INTO memory_versions AS v (user_key, agent_id)
+        SELECT DISTINCT n.user_key, n.agent_id FROM new_rows AS n
+        ON CONFLICT (user_key, agent_id) DO UPDATE SET version = v.version + 1;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: agentloop_claim(uuid, text, bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -831,21 +854,6 @@ $$;
 
 
 --
--- Name: agentloop_memories_version(text, text); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.agentloop_memories_version(p_user text, p_agent text) RETURNS TABLE(count bigint, hash text)
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT count(*),
-           coalesce(sum(hashtextextended(m.id::text || extract(epoch FROM m.updated_at)::text, 0)),
-                    0)::text
-    FROM memories AS m
-    WHERE m.user_key = p_user AND m.agent_id = p_agent
-$$;
-
-
---
 -- Name: agentloop_memory_query(text); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1171,6 +1179,17 @@ CREATE TABLE public.memories (
 
 
 --
+-- Name: memory_versions; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.memory_versions (
+    user_key text NOT NULL,
+    agent_id text NOT NULL,
+    version bigint DEFAULT 1 NOT NULL
+);
+
+
+--
 -- Name: runs; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1421,6 +1440,14 @@ ALTER TABLE ONLY public.memories
 
 
 --
+-- Name: memory_versions memory_versions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.memory_versions
+    ADD CONSTRAINT memory_versions_pkey PRIMARY KEY (user_key, agent_id);
+
+
+--
 -- Name: runs runs_inbox_seq_key; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1547,6 +1574,27 @@ CREATE INDEX session_inbox_pending ON public.session_inbox USING btree (session_
 --
 
 CREATE INDEX sessions_owner ON public.sessions USING btree (owner) WHERE (owner IS NOT NULL);
+
+
+--
+-- Name: memories memories_version_delete; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER memories_version_delete AFTER DELETE ON public.memories REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION public.agentloop_bump_memory_versions();
+
+
+--
+-- Name: memories memories_version_insert; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER memories_version_insert AFTER INSERT ON public.memories REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.agentloop_bump_memory_versions();
+
+
+--
+-- Name: memories memories_version_update; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER memories_version_update AFTER UPDATE ON public.memories REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.agentloop_bump_memory_versions();
 
 
 --

@@ -13,16 +13,41 @@ ALTER TABLE memories
                                    AND length(embedding) BETWEEN 4 AND 16384))
     );
 
--- A user's memories of an agent summarized: how many, and a hash over each one's id and last
--- change. Every save, replace and forget changes it (each sets updated_at or removes a row), so
--- the memory service uses the vectors it keeps of a user only while Postgres reports the
--- version they were read at.
-CREATE FUNCTION agentloop_memories_version(p_user text, p_agent text)
-RETURNS TABLE (count bigint, hash text)
-LANGUAGE sql STABLE AS $$
-    SELECT count(*),
-           coalesce(sum(hashtextextended(m.id::text || extract(epoch FROM m.updated_at)::text, 0)),
-                    0)::text
-    FROM memories AS m
-    WHERE m.user_key = p_user AND m.agent_id = p_agent
+-- A counter per user and agent that every insert, update and delete of their memories moves on,
+-- in the same transaction: the memory service uses the vectors it keeps of a user only while
+-- the counter is where it was when they were read (one primary-key read per search, where
+-- summarizing the user's 700 memories took 0.45 ms). Statement-level triggers, so a statement
+-- writing many memories bumps each user once.
+CREATE TABLE memory_versions (
+    user_key text NOT NULL,
+    agent_id text NOT NULL,
+    version bigint NOT NULL DEFAULT 1,
+    PRIMARY KEY (user_key, agent_id)
+);
+
+CREATE FUNCTION agentloop_bump_memory_versions() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        INSERT INTO memory_versions AS v (user_key, agent_id)
+        SELECT DISTINCT o.user_key, o.agent_id FROM old_rows AS o
+        ON CONFLICT (user_key, agent_id) DO UPDATE SET version = v.version + 1;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        INSERT INTO memory_versions AS v (user_key, agent_id)
+        SELECT DISTINCT n.user_key, n.agent_id FROM new_rows AS n
+        ON CONFLICT (user_key, agent_id) DO UPDATE SET version = v.version + 1;
+    END IF;
+    RETURN NULL;
+END
 $$;
+
+CREATE TRIGGER memories_version_insert AFTER INSERT ON memories
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION agentloop_bump_memory_versions();
+CREATE TRIGGER memories_version_update AFTER UPDATE ON memories
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION agentloop_bump_memory_versions();
+CREATE TRIGGER memories_version_delete AFTER DELETE ON memories
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION agentloop_bump_memory_versions();

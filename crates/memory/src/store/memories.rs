@@ -56,8 +56,7 @@ pub struct Memory {
 #[derive(sqlx::FromRow)]
 struct HybridHead {
     user_key: Option<String>,
-    version_count: Option<i64>,
-    version_hash: Option<String>,
+    version: i64,
     hit_ids: Vec<Uuid>,
     hit_scores: Vec<f64>,
 }
@@ -68,8 +67,7 @@ struct WithVector {
     #[sqlx(flatten)]
     memory: Memory,
     embedding: Option<Vec<u8>>,
-    version_count: i64,
-    version_hash: String,
+    version: i64,
 }
 
 /// A session's skills snapshot.
@@ -256,9 +254,7 @@ impl Store {
         let head = conn
             .settle(result)
             .map_err(|err| translate(err, Uuid::nil()))?;
-        let (Some(user_key), Some(count), Some(hash)) =
-            (head.user_key, head.version_count, head.version_hash)
-        else {
+        let Some(user_key) = head.user_key else {
             return Ok(Vec::new());
         };
         let key = vectors::Key {
@@ -266,10 +262,9 @@ impl Store {
             agent_id: scope.agent_id.clone(),
             model: embedding.model().to_owned(),
         };
-        let version = vectors::Version { count, hash };
-        let entry = match self.vectors.get(&key, &version) {
+        let entry = match self.vectors.get(&key, head.version) {
             Some(entry) => entry,
-            None => self.read_vectors(key).await?,
+            None => self.read_vectors(key, head.version).await?,
         };
         let text_scores = head.hit_ids.into_iter().zip(head.hit_scores).collect();
         Ok(hybrid::rank(
@@ -281,10 +276,12 @@ impl Store {
         ))
     }
 
-    /// Reads every memory of `key`'s user with its vectors, and keeps them for later searches.
+    /// Reads every memory of `key`'s user with its vectors, and keeps them for later searches
+    /// at the version read with them (`seen`, the one the search saw, when the user has none).
     async fn read_vectors(
         &self,
         key: vectors::Key,
+        seen: i64,
     ) -> Result<std::sync::Arc<vectors::Entry>, MemoryError> {
         let mut conn = self.conn(Uuid::nil()).await?;
         let result =
@@ -297,16 +294,7 @@ impl Store {
         let rows = conn
             .settle(result)
             .map_err(|err| translate(err, Uuid::nil()))?;
-        let version = rows.first().map_or_else(
-            || vectors::Version {
-                count: 0,
-                hash: "0".to_owned(),
-            },
-            |r| vectors::Version {
-                count: r.version_count,
-                hash: r.version_hash.clone(),
-            },
-        );
+        let version = rows.first().map_or(seen, |r| r.version);
         let memories = rows
             .into_iter()
             .map(|r| (r.memory, r.embedding.as_deref().and_then(hybrid::unpacked)))

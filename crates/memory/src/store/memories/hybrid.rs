@@ -161,13 +161,7 @@ mod tests {
                 (memory, vector)
             })
             .collect();
-        Entry::new(
-            super::super::vectors::Version {
-                count: 0,
-                hash: String::new(),
-            },
-            rows,
-        )
+        Entry::new(0, rows)
     }
 
     #[test]

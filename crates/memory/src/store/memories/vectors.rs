@@ -1,8 +1,8 @@
 //! The memories of recently searched users with their vectors, kept by the memory service
 //! between searches. Reading a user's every vector from Postgres took most of a hybrid search
 //! (5.6 ms p50 for 710 memories); with the entry kept, a search reads only the text matches and
-//! a version of the user's memories. An entry is used only while that version (how many
-//! memories, and a hash over each one's id and last change) is the one Postgres reports, so a
+//! the version of the user's memories. An entry is used only while that version (a counter every
+//! write of the user's memories moves on, `memory_versions`) is the one Postgres reports, so a
 //! save, replace or forget on any replica is seen by the next search.
 
 use std::collections::HashMap;
@@ -21,24 +21,18 @@ pub(crate) struct Key {
     pub(crate) model: String,
 }
 
-/// A user's memories at one moment, as Postgres summarizes them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Version {
-    pub(crate) count: i64,
-    pub(crate) hash: String,
-}
-
 /// A user's memories, each with its vector of the key's model (`None`: none of that model).
 #[derive(Debug)]
 pub(crate) struct Entry {
-    pub(crate) version: Version,
+    /// `memory_versions.version` when they were read.
+    pub(crate) version: i64,
     pub(crate) memories: Vec<(Memory, Option<Vec<f32>>)>,
     bytes: usize,
 }
 
 impl Entry {
     /// An entry of `memories` at `version`.
-    pub(crate) fn new(version: Version, memories: Vec<(Memory, Option<Vec<f32>>)>) -> Self {
+    pub(crate) fn new(version: i64, memories: Vec<(Memory, Option<Vec<f32>>)>) -> Self {
         let bytes = memories
             .iter()
             .map(|(m, v)| {
@@ -82,12 +76,12 @@ impl VectorCache {
     }
 
     /// The entry of `key` if it is at `version`.
-    pub(crate) fn get(&self, key: &Key, version: &Version) -> Option<Arc<Entry>> {
+    pub(crate) fn get(&self, key: &Key, version: i64) -> Option<Arc<Entry>> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.clock += 1;
         let now = inner.clock;
         let (entry, used) = inner.entries.get_mut(key)?;
-        if entry.version != *version {
+        if entry.version != version {
             return None;
         }
         *used = now;
@@ -137,14 +131,7 @@ mod tests {
         }
     }
 
-    fn version(hash: &str) -> Version {
-        Version {
-            count: 1,
-            hash: hash.into(),
-        }
-    }
-
-    fn entry(hash: &str, dims: usize) -> Arc<Entry> {
+    fn entry(version: i64, dims: usize) -> Arc<Entry> {
         let now = Utc::now();
         let memory = Memory {
             id: Uuid::now_v7(),
@@ -156,45 +143,39 @@ mod tests {
             updated_at: now,
             score: 0.0,
         };
-        Arc::new(Entry::new(
-            version(hash),
-            vec![(memory, Some(vec![0.5; dims]))],
-        ))
+        Arc::new(Entry::new(version, vec![(memory, Some(vec![0.5; dims]))]))
     }
 
     #[test]
     fn an_entry_serves_only_its_own_version() {
         let cache = VectorCache::new(1 << 20);
-        cache.put(key("a"), entry("v1", 4));
-        assert!(cache.get(&key("a"), &version("v1")).is_some());
+        cache.put(key("a"), entry(1, 4));
+        assert!(cache.get(&key("a"), 1).is_some());
         assert!(
-            cache.get(&key("a"), &version("v2")).is_none(),
+            cache.get(&key("a"), 2).is_none(),
             "a changed user is read again"
         );
-        assert!(cache.get(&key("b"), &version("v1")).is_none());
+        assert!(cache.get(&key("b"), 1).is_none());
     }
 
     #[test]
     fn the_least_recently_used_entry_goes_first_once_over_budget() {
-        let one = entry("v", 1000).bytes;
+        let one = entry(1, 1000).bytes;
         let cache = VectorCache::new(one * 2 + one / 2);
-        cache.put(key("a"), entry("v", 1000));
-        cache.put(key("b"), entry("v", 1000));
+        cache.put(key("a"), entry(1, 1000));
+        cache.put(key("b"), entry(1, 1000));
+        assert!(cache.get(&key("a"), 1).is_some(), "a is now the newer use");
+        cache.put(key("c"), entry(1, 1000));
         assert!(
-            cache.get(&key("a"), &version("v")).is_some(),
-            "a is now the newer use"
-        );
-        cache.put(key("c"), entry("v", 1000));
-        assert!(
-            cache.get(&key("b"), &version("v")).is_none(),
+            cache.get(&key("b"), 1).is_none(),
             "b was used least recently"
         );
-        assert!(cache.get(&key("a"), &version("v")).is_some());
-        assert!(cache.get(&key("c"), &version("v")).is_some());
+        assert!(cache.get(&key("a"), 1).is_some());
+        assert!(cache.get(&key("c"), 1).is_some());
         let none = VectorCache::new(0);
-        none.put(key("a"), entry("v", 1));
+        none.put(key("a"), entry(1, 1));
         assert!(
-            none.get(&key("a"), &version("v")).is_none(),
+            none.get(&key("a"), 1).is_none(),
             "a zero budget keeps nothing"
         );
     }

@@ -15,8 +15,9 @@ hits AS (
         LIMIT $8
     ) AS c, q
 )
-SELECT who.user_key, v.count AS version_count, v.hash AS version_hash,
+SELECT who.user_key,
+       coalesce((SELECT v.version FROM memory_versions AS v
+                 WHERE v.user_key = who.user_key AND v.agent_id = $6), 0) AS version,
        coalesce((SELECT array_agg(h.id ORDER BY h.id) FROM hits AS h), '{}') AS hit_ids,
        coalesce((SELECT array_agg(h.score ORDER BY h.id) FROM hits AS h), '{}') AS hit_scores
 FROM who
-LEFT JOIN LATERAL agentloop_memories_version(who.user_key, $6) AS v ON true
