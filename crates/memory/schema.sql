@@ -403,10 +403,10 @@ $$;
 
 
 --
--- Name: agentloop_finish_each(uuid[], bigint[], uuid[], bigint[], text[], text[], text[], bigint[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], uuid[], text[], text[], text[]); Type: FUNCTION; Schema: public; Owner: -
+-- Name: agentloop_finish_each(uuid[], bigint[], uuid[], bigint[], text[], text[], text[], bigint[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], uuid[], text[], text[], text[], jsonb[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.agentloop_finish_each(p_sessions uuid[], p_epochs bigint[], p_runs uuid[], p_seqs bigint[], p_statuses text[], p_errors text[], p_models text[], p_input_tokens bigint[], p_output_tokens bigint[], p_providers text[], p_profiles text[], p_releases boolean[], p_entry_ends integer[], p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[]) RETURNS TABLE(idx integer, held boolean, run_found boolean, finished boolean, released boolean)
+CREATE FUNCTION public.agentloop_finish_each(p_sessions uuid[], p_epochs bigint[], p_runs uuid[], p_seqs bigint[], p_statuses text[], p_errors text[], p_models text[], p_input_tokens bigint[], p_output_tokens bigint[], p_providers text[], p_profiles text[], p_releases boolean[], p_entry_ends integer[], p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[], p_reports jsonb[] DEFAULT NULL::jsonb[]) RETURNS TABLE(idx integer, held boolean, run_found boolean, finished boolean, released boolean)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -427,7 +427,7 @@ BEGIN
                                   coalesce(p_tool_call_ids[first:last], '{}'),
                                   coalesce(p_tool_names[first:last], '{}'),
                                   coalesce(p_data[first:last], '{}'),
-                                  p_releases[i]) AS f;
+                                  p_releases[i], p_reports[i]) AS f;
         first := last + 1;
     END LOOP;
 END
@@ -435,10 +435,10 @@ $$;
 
 
 --
--- Name: agentloop_finish_many(uuid[], bigint[], uuid[], bigint[], text[], text[], text[], bigint[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], uuid[], text[], text[], text[]); Type: FUNCTION; Schema: public; Owner: -
+-- Name: agentloop_finish_many(uuid[], bigint[], uuid[], bigint[], text[], text[], text[], bigint[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], uuid[], text[], text[], text[], jsonb[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.agentloop_finish_many(p_sessions uuid[], p_epochs bigint[], p_runs uuid[], p_seqs bigint[], p_statuses text[], p_errors text[], p_models text[], p_input_tokens bigint[], p_output_tokens bigint[], p_providers text[], p_profiles text[], p_releases boolean[], p_entry_ends integer[], p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[]) RETURNS TABLE(idx integer, held boolean, run_found boolean, finished boolean, released boolean)
+CREATE FUNCTION public.agentloop_finish_many(p_sessions uuid[], p_epochs bigint[], p_runs uuid[], p_seqs bigint[], p_statuses text[], p_errors text[], p_models text[], p_input_tokens bigint[], p_output_tokens bigint[], p_providers text[], p_profiles text[], p_releases boolean[], p_entry_ends integer[], p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[], p_reports jsonb[] DEFAULT NULL::jsonb[]) RETURNS TABLE(idx integer, held boolean, run_found boolean, finished boolean, released boolean)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -463,7 +463,7 @@ BEGIN
                                             p_output_tokens, p_providers, p_profiles,
                                             p_releases, p_entry_ends, p_keys, p_roles,
                                             p_contents, p_run_ids, p_tool_call_ids,
-                                            p_tool_names, p_data);
+                                            p_tool_names, p_data, p_reports);
         RETURN;
     END IF;
 
@@ -502,7 +502,7 @@ BEGIN
         SET status = p_statuses[it.i], finished_at = clock_timestamp(), error = p_errors[it.i],
             model = p_models[it.i], input_tokens = p_input_tokens[it.i],
             output_tokens = p_output_tokens[it.i], provider = p_providers[it.i],
-            profile = p_profiles[it.i]
+            profile = p_profiles[it.i], prompt_report = p_reports[it.i]
         FROM it
         WHERE r.id = it.run AND r.inbox_seq = it.seq AND r.session_id = it.session
           AND r.finished_at IS NULL
@@ -566,49 +566,10 @@ $$;
 
 
 --
--- Name: agentloop_finish_many_reported(uuid[], bigint[], uuid[], bigint[], text[], text[], text[], bigint[], bigint[], text[], text[], boolean[], integer[], text[], text[], text[], uuid[], text[], text[], text[], jsonb[]); Type: FUNCTION; Schema: public; Owner: -
+-- Name: agentloop_finish_run(uuid, bigint, uuid, bigint, text, text, text, bigint, bigint, text, text, text[], text[], text[], uuid[], text[], text[], text[], boolean, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.agentloop_finish_many_reported(p_sessions uuid[], p_epochs bigint[], p_runs uuid[], p_seqs bigint[], p_statuses text[], p_errors text[], p_models text[], p_input_tokens bigint[], p_output_tokens bigint[], p_providers text[], p_profiles text[], p_releases boolean[], p_entry_ends integer[], p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[], p_reports jsonb[]) RETURNS TABLE(idx integer, held boolean, run_found boolean, finished boolean, released boolean)
-    LANGUAGE plpgsql
-    AS $$
-#variable_conflict use_column
-DECLARE
-    v record;
-    v_reported int[] := '{}';
-BEGIN
-    FOR v IN
-        SELECT * FROM agentloop_finish_many(p_sessions, p_epochs, p_runs, p_seqs, p_statuses,
-                                            p_errors, p_models, p_input_tokens,
-                                            p_output_tokens, p_providers, p_profiles,
-                                            p_releases, p_entry_ends, p_keys, p_roles,
-                                            p_contents, p_run_ids, p_tool_call_ids,
-                                            p_tool_names, p_data)
-    LOOP
-        idx := v.idx;
-        held := v.held;
-        run_found := v.run_found;
-        finished := v.finished;
-        released := v.released;
-        RETURN NEXT;
-        IF v.finished AND p_reports[v.idx] IS NOT NULL THEN
-            v_reported := v_reported || v.idx;
-        END IF;
-    END LOOP;
-    IF cardinality(v_reported) > 0 THEN
-        UPDATE runs AS r SET prompt_report = p_reports[d.i]
-        FROM unnest(v_reported) AS d (i)
-        WHERE r.id = p_runs[d.i];
-    END IF;
-END
-$$;
-
-
---
--- Name: agentloop_finish_run(uuid, bigint, uuid, bigint, text, text, text, bigint, bigint, text, text, text[], text[], text[], uuid[], text[], text[], text[], boolean); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.agentloop_finish_run(p_session uuid, p_epoch bigint, p_run uuid, p_seq bigint, p_status text, p_error text, p_model text, p_input_tokens bigint, p_output_tokens bigint, p_provider text, p_profile text, p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[], p_release boolean) RETURNS TABLE(held boolean, run_found boolean, finished boolean, released boolean)
+CREATE FUNCTION public.agentloop_finish_run(p_session uuid, p_epoch bigint, p_run uuid, p_seq bigint, p_status text, p_error text, p_model text, p_input_tokens bigint, p_output_tokens bigint, p_provider text, p_profile text, p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[], p_release boolean, p_report jsonb DEFAULT NULL::jsonb) RETURNS TABLE(held boolean, run_found boolean, finished boolean, released boolean)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -642,7 +603,7 @@ BEGIN
         UPDATE runs AS r
         SET status = p_status, finished_at = clock_timestamp(), error = p_error, model = p_model,
             input_tokens = p_input_tokens, output_tokens = p_output_tokens,
-            provider = p_provider, profile = p_profile
+            provider = p_provider, profile = p_profile, prompt_report = p_report
         WHERE r.id = p_run AND r.inbox_seq = p_seq AND r.session_id = p_session
           AND r.finished_at IS NULL
         RETURNING r.id
@@ -685,34 +646,6 @@ BEGIN
         WHERE s.id = p_session
         RETURNING decision.give_back INTO released;
     END IF;
-    RETURN NEXT;
-END
-$$;
-
-
---
--- Name: agentloop_finish_run_reported(uuid, bigint, uuid, bigint, text, text, text, bigint, bigint, text, text, text[], text[], text[], uuid[], text[], text[], text[], boolean, jsonb); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.agentloop_finish_run_reported(p_session uuid, p_epoch bigint, p_run uuid, p_seq bigint, p_status text, p_error text, p_model text, p_input_tokens bigint, p_output_tokens bigint, p_provider text, p_profile text, p_keys text[], p_roles text[], p_contents text[], p_run_ids uuid[], p_tool_call_ids text[], p_tool_names text[], p_data text[], p_release boolean, p_report jsonb) RETURNS TABLE(held boolean, run_found boolean, finished boolean, released boolean)
-    LANGUAGE plpgsql
-    AS $$
-#variable_conflict use_column
-DECLARE
-    v record;
-BEGIN
-    SELECT * INTO v
-    FROM agentloop_finish_run(p_session, p_epoch, p_run, p_seq, p_status, p_error, p_model,
-                              p_input_tokens, p_output_tokens, p_provider, p_profile, p_keys,
-                              p_roles, p_contents, p_run_ids, p_tool_call_ids, p_tool_names,
-                              p_data, p_release);
-    IF v.finished AND p_report IS NOT NULL THEN
-        UPDATE runs AS r SET prompt_report = p_report WHERE r.id = p_run;
-    END IF;
-    held := v.held;
-    run_found := v.run_found;
-    finished := v.finished;
-    released := v.released;
     RETURN NEXT;
 END
 $$;
@@ -994,11 +927,11 @@ BEGIN
            NULL::timestamptz, NULL::timestamptz, NULL::bigint[], NULL::text[], NULL::text[],
            NULL::text[], NULL::uuid[], NULL::text[], NULL::text[], NULL::text[],
            NULL::timestamptz[], NULL::boolean
-    FROM agentloop_finish_many_reported(f_sessions, f_epochs, f_runs, f_seqs, f_statuses,
-                                        f_errors, f_models, f_input_tokens, f_output_tokens,
-                                        f_providers, f_profiles, f_releases, f_entry_ends,
-                                        f_keys, f_roles, f_contents, f_run_ids,
-                                        f_tool_call_ids, f_tool_names, f_data, f_reports)
+    FROM agentloop_finish_many(f_sessions, f_epochs, f_runs, f_seqs, f_statuses, f_errors,
+                               f_models, f_input_tokens, f_output_tokens, f_providers,
+                               f_profiles, f_releases, f_entry_ends, f_keys, f_roles,
+                               f_contents, f_run_ids, f_tool_call_ids, f_tool_names, f_data,
+                               f_reports)
         AS f;
 
     RETURN QUERY

@@ -198,12 +198,7 @@ struct ReportLine {
 /// What a model request holds, part by part, as stored with each run (`runs.prompt_report`):
 /// the system prompt's parts (none when a hook gave the whole prompt), then the transcript,
 /// each with its estimated tokens, and the whole request's (tools included).
-pub(crate) fn report(
-    parts: &[Part],
-    system: &str,
-    tools: &[ToolSpec],
-    messages: &[agentloop_model::ChatMessage],
-) -> String {
+pub(crate) fn report(parts: &[Part], system: &str, fitted: crate::prompt::Fitted) -> String {
     let lines: Vec<ReportLine> = parts
         .iter()
         .map(|p| ReportLine {
@@ -213,14 +208,14 @@ pub(crate) fn report(
         })
         .chain(std::iter::once(ReportLine {
             part: PartKind::Transcript,
-            tokens: crate::prompt::messages_tokens(messages),
+            tokens: fitted.messages_tokens,
             truncated: false,
         }))
         .collect();
     serde_json::json!({
         "parts": lines,
         "system_tokens": estimate_tokens(system),
-        "total_tokens": crate::prompt::estimate_request(messages, system, tools),
+        "total_tokens": fitted.total_tokens,
     })
     .to_string()
 }

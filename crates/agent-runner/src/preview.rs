@@ -165,12 +165,12 @@ pub async fn preview(
         .context_window_tokens
         .saturating_sub(agent.reserve_tokens)
         .max(1);
-    prompt::fit(&mut messages, &system, &tools, budget);
-    let total_tokens = prompt::estimate_request(&messages, &system, &tools);
+    let fitted = prompt::fit(&mut messages, &system, &tools, budget);
+    let total_tokens = fitted.total_tokens;
     parts.push(Part {
         kind: PartKind::Transcript,
         text: String::new(),
-        tokens: prompt::messages_tokens(&messages),
+        tokens: fitted.messages_tokens,
         truncated: false,
     });
     Ok(Preview {

@@ -57,7 +57,8 @@ fn message_tokens(message: &ChatMessage) -> usize {
 }
 
 /// Estimates the tokens of the conversation alone.
-pub(crate) fn messages_tokens(messages: &[ChatMessage]) -> usize {
+#[cfg(test)]
+fn messages_tokens(messages: &[ChatMessage]) -> usize {
     messages.iter().map(message_tokens).sum()
 }
 
@@ -195,6 +196,17 @@ pub(crate) fn tool_calls_of(entry: &HistoryEntry) -> Vec<ToolCall> {
         .unwrap_or_default()
 }
 
+/// What [`fit`] did, in estimated tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fitted {
+    /// Messages dropped from the front.
+    pub(crate) dropped: usize,
+    /// The conversation's tokens after the drop.
+    pub(crate) messages_tokens: usize,
+    /// The whole request's: system prompt, tools and conversation.
+    pub(crate) total_tokens: usize,
+}
+
 /// Drops the oldest messages until the context fits `budget` tokens, never leaving a tool result
 /// without the assistant turn that asked for it. The last message is always kept.
 pub(crate) fn fit(
@@ -202,7 +214,7 @@ pub(crate) fn fit(
     system: &str,
     tools: &[ToolSpec],
     budget: usize,
-) -> usize {
+) -> Fitted {
     let fixed = estimate_tokens(system) + tools_tokens(tools);
     let mut total: usize = fixed + messages.iter().map(message_tokens).sum::<usize>();
     let mut drop = 0;
@@ -212,13 +224,18 @@ pub(crate) fn fit(
     }
     // A conversation must not start with tool results or in the middle of a tool exchange.
     while drop + 1 < messages.len() && !matches!(messages[drop], ChatMessage::User { .. }) {
+        total -= message_tokens(&messages[drop]);
         drop += 1;
     }
     if drop > 0 {
         tracing::debug!(dropped = drop, "context trimmed to fit the model window");
         messages.drain(..drop);
     }
-    drop
+    Fitted {
+        dropped: drop,
+        messages_tokens: total - fixed,
+        total_tokens: total,
+    }
 }
 
 #[cfg(test)]
@@ -376,7 +393,12 @@ mod tests {
             ChatMessage::tool_result("c", "y".repeat(400), false),
             ChatMessage::user("latest"),
         ];
-        fit(&mut messages, "system", &[], 200);
+        let fitted = fit(&mut messages, "system", &[], 200);
         assert_eq!(messages, vec![ChatMessage::user("latest")]);
+        assert_eq!(fitted.messages_tokens, messages_tokens(&messages));
+        assert_eq!(
+            fitted.total_tokens,
+            estimate_request(&messages, "system", &[])
+        );
     }
 }

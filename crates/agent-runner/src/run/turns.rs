@@ -145,10 +145,10 @@ pub(super) async fn converse(
         }
         turn += 1;
         state.turns = turn;
-        let dropped = prompt::fit(&mut messages, &system, &specs, budget);
-        prior = prior.saturating_sub(dropped);
+        let fitted = prompt::fit(&mut messages, &system, &specs, budget);
+        prior = prior.saturating_sub(fitted.dropped);
         if state.prompt_report.is_empty() {
-            state.prompt_report = context::report(&parts, &system, &specs, &messages);
+            state.prompt_report = context::report(&parts, &system, fitted);
         }
         let mut cx = Context {
             messages: &mut messages,

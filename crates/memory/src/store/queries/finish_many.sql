@@ -1,4 +1,4 @@
 -- agentloop_finish_run's columns as finish_run.sql names them, with each item's position.
 SELECT idx, held, run_found AS found, finished, released
-FROM agentloop_finish_many_reported($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                                    $15, $16, $17, $18, $19, $20, $21::jsonb[])
+FROM agentloop_finish_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                           $17, $18, $19, $20, $21::jsonb[])
