@@ -15,16 +15,16 @@ use tonic::transport::Channel;
 use crate::wait_until;
 
 /// A memory server running in this process.
-struct Running {
+pub(crate) struct Running {
     addr: String,
     health: Health,
-    client: SessionServiceClient<Channel>,
+    pub(crate) client: SessionServiceClient<Channel>,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), MemoryError>>,
 }
 
 impl Running {
-    async fn start(database_url: String) -> Running {
+    pub(crate) async fn start(database_url: String) -> Running {
         Self::start_with_secret(database_url, "").await
     }
 
@@ -79,7 +79,7 @@ impl Running {
         self.health.readiness().0
     }
 
-    async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         wait_until("memory to be ready", Duration::from_secs(10), || async {
             self.ready().then_some(())
         })
@@ -87,7 +87,7 @@ impl Running {
     }
 
     /// Cancels, waits for the graceful stop and asserts it succeeded.
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.shutdown.cancel();
         let stopped = tokio::time::timeout(Duration::from_secs(10), self.task)
             .await
@@ -98,7 +98,7 @@ impl Running {
 }
 
 /// Returns a URL for the database behind a `#[sqlx::test]` pool.
-fn url_of(pool: &PgPool) -> String {
+pub(crate) fn url_of(pool: &PgPool) -> String {
     let options = pool.connect_options();
     format!(
         "postgres://{}@{}:{}/{}",

@@ -5,6 +5,7 @@ mod grpc;
 mod inbox_cap;
 mod ownership;
 mod store;
+mod vectors;
 
 use std::future::Future;
 use std::time::Duration;
