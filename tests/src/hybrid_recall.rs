@@ -94,3 +94,74 @@ async fn hybrid_recall_finds_a_fact_sharing_no_word_with_the_question_and_falls_
     );
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_backfill_gives_memories_saved_before_the_embeddings_model_their_vectors_once() {
+    // Saved while no embeddings model was set: found by words only.
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    for fact in [
+        "I was born in Rotterdam",
+        "I keep two cats",
+        "I cycle to work",
+    ] {
+        let save = format!(r#"[[tool:memory_save:{{"text":"{fact}"}}]]"#);
+        let saved = ask(&sandbox, &mut replies, "cy-1", "cy", "", &save).await;
+        assert!(saved.contains("\"id\""), "{saved}");
+    }
+    let pool = sandbox.pool().await.unwrap();
+    let embedded = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM memories WHERE embedding_model = 'openai/fake-embed'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        n
+    };
+    assert_eq!(embedded().await, 0);
+
+    let mut config = RunnerConfig::default();
+    config.memory.url = sandbox.memory_url.clone();
+    config.models.openai_base_url = sandbox.fake.openai_base_url();
+    let missing = agentloop_agent_runner::backfill_embeddings(&config, 2, |_| {}).await;
+    assert!(
+        matches!(missing, Err(agentloop_agent_runner::BackfillError::NoModel)),
+        "{missing:?}"
+    );
+
+    config.memory.embeddings_model = format!("openai/{EMBEDDINGS}");
+    let mut pages = Vec::new();
+    let done = agentloop_agent_runner::backfill_embeddings(&config, 2, |d| pages.push(d.embedded))
+        .await
+        .unwrap();
+    assert_eq!((done.embedded, done.changed), (3, 0));
+    assert_eq!(pages, [2, 3], "two pages of at most two");
+    assert_eq!(embedded().await, 3);
+    let again = agentloop_agent_runner::backfill_embeddings(&config, 2, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        again.embedded, 0,
+        "a second run finds nothing left to embed"
+    );
+
+    // The embeddings endpoint failing ends the backfill with its error.
+    sqlx::query("UPDATE memories SET embedding = NULL, embedding_model = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sandbox
+        .fake
+        .state()
+        .fail_model(EMBEDDINGS, Some(Failure::Server));
+    let failed = agentloop_agent_runner::backfill_embeddings(&config, 2, |_| {}).await;
+    assert!(
+        matches!(
+            failed,
+            Err(agentloop_agent_runner::BackfillError::Models(_))
+        ),
+        "{failed:?}"
+    );
+    sandbox.shutdown().await.unwrap();
+}

@@ -8,6 +8,7 @@
 
 mod acks;
 mod admission;
+mod backfill;
 mod backoff;
 mod config;
 mod context;
@@ -33,6 +34,7 @@ mod skills;
 mod tools;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
+pub use backfill::{BackfillError, Backfilled, backfill_embeddings};
 pub use config::{AgentConfig, MemoryMode, RunnerConfig, RunnerSettings};
 pub use context::{Part, PartKind};
 pub use error::RunnerError;

@@ -1,5 +1,5 @@
 //! What the assistant is and knows, from the command line: `agentloop prompt` (the context the
-//! model would receive), `agentloop agents list` and `agentloop memory list|forget`.
+//! model would receive), `agentloop agents list` and `agentloop memory list|forget|embed`.
 
 use anyhow::{Context as _, bail};
 
@@ -8,7 +8,8 @@ use agentloop_proto::v1::session_service_client::SessionServiceClient;
 use agentloop_proto::v1::{ForgetMemoriesRequest, ListMemoriesRequest, MemoryScope};
 
 /// Flags that take a value.
-const VALUED: [&str; 10] = [
+const VALUED: [&str; 11] = [
+    "--batch",
     "--config",
     "--message",
     "--sender",
@@ -168,10 +169,26 @@ pub(crate) fn agents(args: &[String]) -> anyhow::Result<()> {
 }
 
 /// `agentloop memory list|forget (--user KEY | --principal NAME) [--agent ID] [--id ID] [--query TEXT] [--limit N] [--json]`
+/// and `agentloop memory embed [--batch N]`
 pub(crate) async fn memory(args: &[String]) -> anyhow::Result<()> {
-    const USAGE: &str = "usage: agentloop memory list|forget (--user KEY | --principal NAME) [--agent ID] [--id ID | --query TEXT] [--limit N] [--json]";
+    const USAGE: &str = "usage: agentloop memory list|forget (--user KEY | --principal NAME) [--agent ID] [--id ID | --query TEXT] [--limit N] [--json]\n       agentloop memory embed [--batch N]";
     let args = Args::parse(args)?;
     let action = args.words.get(1).map(String::as_str);
+    if action == Some("embed") {
+        let batch = match args.flag("--batch") {
+            Some(n) => n.parse().context("--batch must be a number")?,
+            None => 64,
+        };
+        let done = agentloop_agent_runner::backfill_embeddings(&config()?, batch, |done| {
+            eprintln!("embedded {} memories", done.embedded);
+        })
+        .await?;
+        println!(
+            "embedded {} memories; {} changed while being embedded (run again to embed them)",
+            done.embedded, done.changed
+        );
+        return Ok(());
+    }
     let scope = MemoryScope {
         agent_id: args.flag("--agent").unwrap_or("main").to_owned(),
         principal: args.flag("--principal").unwrap_or_default().to_owned(),

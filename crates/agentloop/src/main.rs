@@ -120,7 +120,7 @@ async fn start(command: String) -> anyhow::Result<()> {
                     .skip_while(|a| *a != "memory")
                     .nth(1)
                     .map(String::as_str),
-                Some("list" | "forget")
+                Some("list" | "forget" | "embed")
             ) =>
         {
             return knowledge::memory(&args).await;

@@ -208,6 +208,10 @@ session_service! {
         = "ForgetMemories" => memories::forget;
     list_memories(pb::ListMemoriesRequest) -> pb::ListMemoriesResponse
         = "ListMemories" => memories::list;
+    list_memories_to_embed(pb::ListMemoriesToEmbedRequest) -> pb::ListMemoriesResponse
+        = "ListMemoriesToEmbed" => memories::to_embed;
+    set_memory_embedding(pb::SetMemoryEmbeddingRequest) -> pb::SetMemoryEmbeddingResponse
+        = "SetMemoryEmbedding" => memories::set_embedding;
     get_skill_snapshot(pb::GetSkillSnapshotRequest) -> pb::SkillSnapshot
         = "GetSkillSnapshot" => memories::get_skills;
     save_skill_snapshot(pb::SaveSkillSnapshotRequest) -> pb::SkillSnapshot

@@ -130,6 +130,48 @@ pub(super) async fn search(
     })
 }
 
+/// `ListMemoriesToEmbed`
+pub(super) async fn to_embed(
+    api: &SessionApi,
+    req: pb::ListMemoriesToEmbedRequest,
+) -> Result<pb::ListMemoriesResponse, MemoryError> {
+    if req.model.trim().is_empty() {
+        return Err(MemoryError::InvalidArgument("model is required".to_owned()));
+    }
+    let after = match req.after_id.as_str() {
+        "" => None,
+        id => Some(parse_id("after_id", id)?),
+    };
+    let limit = if req.limit == 0 {
+        100
+    } else {
+        req.limit.min(1000)
+    };
+    let found = api
+        .store()?
+        .memories_to_embed(&req.model, after, limit)
+        .await?;
+    Ok(pb::ListMemoriesResponse {
+        memories: found.into_iter().map(record).collect(),
+        user_key: String::new(),
+    })
+}
+
+/// `SetMemoryEmbedding`
+pub(super) async fn set_embedding(
+    api: &SessionApi,
+    req: pb::SetMemoryEmbeddingRequest,
+) -> Result<pb::SetMemoryEmbeddingResponse, MemoryError> {
+    let id = parse_id("id", &req.id)?;
+    let embedding = embedding(req.embedding)?
+        .ok_or_else(|| MemoryError::InvalidArgument("embedding is required".to_owned()))?;
+    let stored = api
+        .store()?
+        .set_memory_embedding(id, &req.text, &embedding)
+        .await?;
+    Ok(pb::SetMemoryEmbeddingResponse { stored })
+}
+
 /// `ForgetMemories`
 pub(super) async fn forget(
     api: &SessionApi,

@@ -371,6 +371,60 @@ impl Store {
         Ok((who, memories))
     }
 
+    /// Memories of every user holding no vector of `model`, in id order after `after`, at most
+    /// `limit`: what a backfill embeds after `memory.embeddings_model` is set.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn memories_to_embed(
+        &self,
+        model: &str,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<Memory>, MemoryError> {
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_as::<_, Memory>(
+            "SELECT id, agent_id, user_key, text, source, created_at, updated_at, \
+                    0::float8 AS score \
+             FROM memories \
+             WHERE embedding_model IS DISTINCT FROM $1 AND ($2::uuid IS NULL OR id > $2) \
+             ORDER BY id LIMIT $3",
+        )
+        .bind(model)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *conn)
+        .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
+    /// Gives memory `id` the vector of `text`, only while it still holds that text (a memory
+    /// replaced since keeps its new text and waits for the next backfill); false when not.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn set_memory_embedding(
+        &self,
+        id: Uuid,
+        text: &str,
+        embedding: &Embedding,
+    ) -> Result<bool, MemoryError> {
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query(
+            "UPDATE memories SET embedding = $3, embedding_model = $4 WHERE id = $1 AND text = $2",
+        )
+        .bind(id)
+        .bind(text)
+        .bind(embedding.to_bytes())
+        .bind(embedding.model())
+        .execute(&mut *conn)
+        .await;
+        conn.settle(result)
+            .map(|done| done.rows_affected() == 1)
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
     /// Returns the session's current skills snapshot, if it has one.
     ///
     /// # Errors

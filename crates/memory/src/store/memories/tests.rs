@@ -376,3 +376,41 @@ async fn a_replica_keeping_a_users_vectors_sees_another_replicas_saves_and_forge
         .unwrap();
     assert!(found(&searching).await.is_empty());
 }
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_backfilled_vector_lands_only_on_a_memory_still_holding_its_text(pool: PgPool) {
+    let store = Store::new(pool);
+    let a = session(&store, "a", None).await;
+    let alice = of_session(a, "alice");
+    let saved = store
+        .save_memory(&alice, "Plays chess on Fridays", "tool")
+        .await
+        .unwrap();
+    let to_embed = store.memories_to_embed("m1", None, 10).await.unwrap();
+    assert_eq!(to_embed.len(), 1);
+    let vector = vector("m1", &[1.0, 0.0]);
+    assert!(
+        !store
+            .set_memory_embedding(saved.id, "Plays go on Fridays", &vector)
+            .await
+            .unwrap(),
+        "the text changed since it was listed"
+    );
+    assert!(
+        store
+            .set_memory_embedding(saved.id, "Plays chess on Fridays", &vector)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .memories_to_embed("m1", None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.memories_to_embed("m2", None, 10).await.unwrap().len(),
+        1
+    );
+}
