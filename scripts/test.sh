@@ -12,6 +12,8 @@ ensure_nextest
 command -v openssl >/dev/null 2>&1 || { log "installing openssl"; apt-get install -y -qq openssl >/dev/null; }
 # Chromium and the pinned Python clients (openai, playwright) for the gateway's client tests.
 bash tests/python/setup.sh
+# The MCP servers (npm) the runner's MCP tests start.
+bash tests/mcp/setup.sh
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 log "nats-server: $("$NATS_SERVER_BIN" --version), postgres: $DATABASE_URL"
 cargo nextest run --workspace --locked "$@"

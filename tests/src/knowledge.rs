@@ -71,7 +71,7 @@ pub(crate) fn system_for(sandbox: &Sandbox, text: &str) -> String {
         .to_owned()
 }
 
-fn request_for(sandbox: &Sandbox, text: &str) -> Value {
+pub(crate) fn request_for(sandbox: &Sandbox, text: &str) -> Value {
     sandbox
         .fake
         .requests()

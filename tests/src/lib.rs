@@ -24,6 +24,8 @@ mod inbox_cap;
 #[cfg(test)]
 mod knowledge;
 #[cfg(test)]
+mod mcp;
+#[cfg(test)]
 mod poison;
 #[cfg(test)]
 mod principals;

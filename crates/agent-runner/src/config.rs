@@ -20,6 +20,8 @@ pub struct RunnerConfig {
     pub runner: RunnerSettings,
     /// Agents by id (`[agents.<id>]`); an agent without a section uses the defaults.
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
+    /// MCP servers whose tools agents are offered (`[mcp.servers.<name>]`).
+    pub mcp: crate::McpConfig,
 }
 
 /// The file's shape: `[models]` holds the provider settings and the router's allowlist, which
@@ -32,6 +34,7 @@ struct RawRunnerConfig {
     models: ModelsConfig,
     runner: RunnerSettings,
     agents: std::collections::BTreeMap<String, AgentConfig>,
+    mcp: crate::McpConfig,
 }
 
 impl From<RawRunnerConfig> for RunnerConfig {
@@ -44,6 +47,7 @@ impl From<RawRunnerConfig> for RunnerConfig {
             model_allowlist,
             runner: raw.runner,
             agents: raw.agents,
+            mcp: raw.mcp,
         }
     }
 }

@@ -40,6 +40,7 @@ pub use context::{Part, PartKind};
 pub use error::RunnerError;
 pub use hooks::{ExternalHookConfig, Hook, HookOutcome, HookPoint};
 pub use preview::{Preview, PreviewError, PreviewRequest, preview};
+pub use tools::mcp::{McpConfig, McpServerConfig};
 pub use tools::{SentMessage, Tool, ToolContext, ToolError};
 
 use std::sync::Arc;

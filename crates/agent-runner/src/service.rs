@@ -47,6 +47,7 @@ pub(crate) async fn serve(
     let (acks, acker) = crate::acks::start(memory.clone(), ack_stop.clone());
     let mut local_tools: Vec<Arc<dyn Tool>> = crate::tools::builtins();
     local_tools.extend(extensions.tools);
+    local_tools.extend(crate::tools::mcp::connect_all(&config.mcp).await);
     let replica = Arc::new(Replica::new(
         &config,
         Parts {

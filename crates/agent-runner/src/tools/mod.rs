@@ -3,6 +3,7 @@
 
 mod builtin;
 mod knowledge;
+pub(crate) mod mcp;
 pub(crate) mod remote;
 
 use std::collections::BTreeMap;
