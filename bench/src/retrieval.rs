@@ -295,6 +295,8 @@ pub async fn run(
                 .bind(&fact.question)
                 .bind(0.0_f64)
                 .bind(i64::from(LIMIT))
+                // As memory's `ranked_text_matches` computes it.
+                .bind(i64::from(LIMIT.max(20)) * 4)
                 .fetch_all(&pool)
                 .await?;
             sql_sample.push(t.elapsed());

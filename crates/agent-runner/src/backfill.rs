@@ -3,7 +3,7 @@
 //! their words. Page by page in id order; a failure ends the run and a second run goes on with
 //! what is still missing.
 
-use agentloop_model::{MAX_EMBED_INPUTS, ModelClient, ModelError, ModelRef, Provider};
+use agentloop_model::{MAX_EMBED_INPUTS, ModelClient, ModelError};
 use agentloop_proto::v1::session_service_client::SessionServiceClient;
 use agentloop_proto::v1::{Embedding, ListMemoriesToEmbedRequest, SetMemoryEmbeddingRequest};
 
@@ -46,16 +46,7 @@ pub async fn backfill_embeddings(
     mut progress: impl FnMut(&Backfilled),
 ) -> Result<Backfilled, BackfillError> {
     let name = config.memory.embeddings_model.trim();
-    if name.is_empty() {
-        return Err(BackfillError::NoModel);
-    }
-    let model = ModelRef::parse(name)?;
-    if model.provider != Provider::OpenAi {
-        return Err(ModelError::InvalidConfig(format!(
-            "memory.embeddings_model must be an OpenAI-compatible model (openai/...), got {name}"
-        ))
-        .into());
-    }
+    let model = crate::memory::embeddings_model(name)?.ok_or(BackfillError::NoModel)?;
     let models = ModelClient::new(&config.models)?;
     let mut memory = SessionServiceClient::new(config.memory.channel()?);
     let refused = |status: tonic::Status| BackfillError::Memory(status.message().to_owned());

@@ -212,12 +212,19 @@ pub(crate) fn report(parts: &[Part], system: &str, fitted: crate::prompt::Fitted
             truncated: false,
         }))
         .collect();
-    serde_json::json!({
-        "parts": lines,
-        "system_tokens": estimate_tokens(system),
-        "total_tokens": fitted.total_tokens,
+    // Written straight from the struct: no JSON value tree built on every run.
+    #[derive(serde::Serialize)]
+    struct Report {
+        parts: Vec<ReportLine>,
+        system_tokens: usize,
+        total_tokens: usize,
+    }
+    serde_json::to_string(&Report {
+        parts: lines,
+        system_tokens: estimate_tokens(system),
+        total_tokens: fitted.total_tokens,
     })
-    .to_string()
+    .unwrap_or_default()
 }
 
 fn push(out: &mut Vec<Part>, kind: PartKind, text: String) {

@@ -47,6 +47,25 @@ impl MinScore {
     };
 }
 
+/// `memory.embeddings_model` parsed: none when it is empty.
+///
+/// # Errors
+/// Not a `provider/model` reference, or not an OpenAI-compatible one (embeddings are
+/// `/v1/embeddings`).
+pub(crate) fn embeddings_model(name: &str) -> Result<Option<ModelRef>, ModelError> {
+    let name = name.trim();
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let parsed = ModelRef::parse(name)?;
+    if parsed.provider != Provider::OpenAi {
+        return Err(ModelError::InvalidConfig(format!(
+            "memory.embeddings_model must be an OpenAI-compatible model (openai/...), got {name}"
+        )));
+    }
+    Ok(Some(parsed))
+}
+
 /// `memory.embeddings_model`: the vectors that make memory search hybrid.
 pub(crate) struct Embedder {
     models: ModelClient,
@@ -59,22 +78,12 @@ impl Embedder {
     /// An embedder for `model` (`openai/...`), or none when it is empty.
     ///
     /// # Errors
-    /// Not a `provider/model` reference, or not an OpenAI-compatible one.
+    /// As [`embeddings_model`].
     pub(crate) fn new(models: &ModelClient, model: &str) -> Result<Option<Self>, ModelError> {
-        let model = model.trim();
-        if model.is_empty() {
-            return Ok(None);
-        }
-        let parsed = ModelRef::parse(model)?;
-        if parsed.provider != Provider::OpenAi {
-            return Err(ModelError::InvalidConfig(format!(
-                "memory.embeddings_model must be an OpenAI-compatible model (openai/...), got {model}"
-            )));
-        }
-        Ok(Some(Self {
+        Ok(embeddings_model(model)?.map(|parsed| Self {
             models: models.clone(),
             model: parsed,
-            name: model.to_owned(),
+            name: model.trim().to_owned(),
         }))
     }
 

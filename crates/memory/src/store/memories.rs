@@ -225,6 +225,7 @@ impl Store {
         .bind(query)
         .bind(min_score)
         .bind(i64::from(limit))
+        .bind(ranked_text_matches(limit))
         .fetch_all(&mut *conn)
         .await;
         conn.settle(result)
@@ -239,8 +240,6 @@ impl Store {
         limit: u32,
         min_score: f64,
     ) -> Result<Vec<Memory>, MemoryError> {
-        // As many text matches get a rank as a full-text search narrows to (search_memories.sql).
-        let text_candidates = i64::from(limit.max(20)) * 4;
         let mut conn = self.conn(Uuid::nil()).await?;
         let result = bind_scope(
             sqlx::query_as::<_, HybridHead>(include_str!("queries/search_memories_hybrid.sql")),
@@ -248,7 +247,7 @@ impl Store {
         )
         .bind(&scope.agent_id)
         .bind(query)
-        .bind(text_candidates)
+        .bind(ranked_text_matches(limit))
         .fetch_one(&mut *conn)
         .await;
         let head = conn
@@ -483,6 +482,13 @@ impl Store {
             .await?
             .ok_or(MemoryError::SessionNotFound(session_id))
     }
+}
+
+/// How many of the memories matching a query's words a search ranks (cheap `ts_rank` first),
+/// before the best of them get the reported cover-density score: four times the results asked
+/// for, at least 80.
+fn ranked_text_matches(limit: u32) -> i64 {
+    i64::from(limit.max(20)) * 4
 }
 
 /// Binds `$1..$5`, the arguments of `agentloop_memory_scope`.

@@ -1,4 +1,5 @@
--- $1..$5: the scope; $6 agent, $7 query text, $8 least score, $9 most rows.
+-- $1..$5: the scope; $6 agent, $7 query text, $8 least score, $9 most rows, $10 how many text
+-- matches get a rank (memories.rs, `ranked_text_matches`).
 -- The matches are narrowed by ts_rank first (about 1 µs a row) and only the best few get the
 -- cover-density score that is reported and compared (ts_rank_cd, about 5 µs a row): ranking all
 -- of a user's 700 matching memories with ts_rank_cd took 3.8 ms, this 0.7 ms.
@@ -9,7 +10,7 @@ candidates AS (
     FROM memories AS m, who, q
     WHERE m.user_key = who.user_key AND m.agent_id = $6 AND m.search @@ q.query
     ORDER BY ts_rank(m.search, q.query) DESC
-    LIMIT greatest($9, 20) * 4
+    LIMIT $10
 )
 SELECT * FROM (
     SELECT c.id, c.agent_id, c.user_key, c.text, c.source, c.created_at, c.updated_at,
