@@ -215,12 +215,24 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
         .context("failed to connect to the bench database")?;
     let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
     let limit = Duration::from_secs(120);
+    let via = if options.soak_http {
+        let gateway = stack
+            .gateway_addr()
+            .context("the stack has no gateway address")?;
+        let api = api::ChatApi::new(&format!("http://{gateway}"), None, "agentloop", true, true)?;
+        phases::Via::Http(api)
+    } else {
+        phases::Via::Bus
+    };
     step("warm-up");
-    phases::run(stack, &client, &pool, &load("warm", 20, 20, 15, limit), 1).await?;
+    let mut warm = load("warm", 20, 20, 15, limit);
+    warm.via = via.clone();
+    phases::run(stack, &client, &pool, &warm, 1).await?;
     step(&format!("soak: {sessions} sessions × {per} messages"));
     let owners_before = runner_owners(stack, runners).await;
     let rss_before = stack::rss_by_name(stack);
-    let soak_load = load("soak", sessions, sessions, per, limit);
+    let mut soak_load = load("soak", sessions, sessions, per, limit);
+    soak_load.via = via;
     let p = if options.soak_trace {
         watched(stack, &client, &pool, &soak_load, true).await?
     } else {

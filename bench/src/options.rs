@@ -40,6 +40,9 @@ pub struct Options {
     /// `--trace` with `--soak`: every hop of the soak's runs recorded and printed as a table
     /// (where the time goes under that load; the tracing itself costs the bench some CPU).
     pub soak_trace: bool,
+    /// `--http` with `--soak`: the soak's messages (and its warm-up) sent through the
+    /// gateway's `POST /v1/chat/completions` instead of the bus.
+    pub soak_http: bool,
     /// `--matrix`: the four setups ({separate, all} × {proto, json}) side by side, closed loop
     /// and burst, instead of the default phases.
     pub matrix: bool,
@@ -54,7 +57,7 @@ pub struct Options {
 pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace]] \
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http]] \
 [--matrix] [--retrieval]
 
   --mode separate   each service in a process of its own (default)
@@ -102,6 +105,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_sessions: 100,
         soak_runners: 1,
         soak_trace: false,
+        soak_http: false,
         matrix: false,
         retrieval: false,
         setup: Setup::default(),
@@ -133,6 +137,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
                 options.soak_runners = value()?.parse().context("--runners needs a count")?;
             }
             "--trace" => options.soak_trace = true,
+            "--http" => options.soak_http = true,
             "--matrix" => options.matrix = true,
             "--retrieval" => options.retrieval = true,
             "--mode" => {

@@ -18,6 +18,7 @@ pub use consume::Deliveries;
 pub use dead_letters::DeadLetters;
 pub use error::BusError;
 pub use in_order::InOrder;
+pub use publish::Stored;
 pub use subjects::{StreamKind, Subjects, stream_name};
 
 use std::time::Duration;

@@ -16,6 +16,15 @@ use crate::{
     Bus, BusError, HEADER_ERROR, HEADER_ORIGINAL_SUBJECT, HEADER_SERVICE, error_chain, nuid,
 };
 
+/// What a stream did with a published message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// Stored as a new message.
+    New,
+    /// Not stored again: the stream holds a message with the same id.
+    Duplicate,
+}
+
 /// Sending a message again that no stream confirmed, within `publish_retry_ms`.
 const PUBLISH_BACKOFF: Backoff = Backoff::new(50, 500, u32::MAX);
 
@@ -38,6 +47,29 @@ impl Bus {
         if let Some(id) = msg_id {
             publish = publish.message_id(id);
         }
+        self.send_confirmed(&subject, publish)
+            .await
+            .map(drop)
+            .map_err(|e| publish_error(&subject, &e))
+    }
+
+    /// [`Bus::publish_durable`] that also says whether the stream stored the message or
+    /// already held one with the same `msg_id` (within its duplicate window). A retry after a
+    /// lost confirmation reads as a duplicate too, so `Duplicate` means "not known to be the
+    /// first copy", never "certainly another sender's".
+    ///
+    /// # Errors
+    /// As [`Bus::publish_durable`].
+    pub async fn publish_durable_checked<T: prost::Message + Serialize>(
+        &self,
+        subject: String,
+        msg: &T,
+        msg_id: &str,
+    ) -> Result<Stored, BusError> {
+        let publish = Publish::build()
+            .payload(Bytes::from(msg.encode_to_vec()))
+            .headers(wire_headers(Encoding::Proto))
+            .message_id(msg_id);
         self.send_confirmed(&subject, publish)
             .await
             .map_err(|e| publish_error(&subject, &e))
@@ -84,6 +116,7 @@ impl Bus {
         }
         self.send_confirmed(&subject, publish)
             .await
+            .map(drop)
             .map_err(|e| publish_error(&subject, &e))
     }
 
@@ -107,7 +140,11 @@ impl Bus {
     /// the message id makes a retry of a stored message a duplicate the stream drops. Whether
     /// a stream should capture the subject is the caller's knowledge, never inferred from a
     /// "no responders": taking that for "nothing to store" lost replies in a failover.
-    async fn send_confirmed(&self, subject: &str, publish: Publish) -> Result<(), PublishError> {
+    async fn send_confirmed(
+        &self,
+        subject: &str,
+        publish: Publish,
+    ) -> Result<Stored, PublishError> {
         let patience = PUBLISH_BACKOFF.within(Duration::from_millis(self.config.publish_retry_ms));
         let stored = retry(
             subject,
@@ -118,7 +155,12 @@ impl Bus {
                     .js
                     .send_publish(subject.to_owned(), publish.clone())
                     .await?;
-                ack.await.map(drop)
+                let ack = ack.await?;
+                Ok(if ack.duplicate {
+                    Stored::Duplicate
+                } else {
+                    Stored::New
+                })
             },
         )
         .await;

@@ -14,8 +14,6 @@ use agentloop_proto::{Encoding, v1::OutboundMessage};
 use crate::{DeliveryConfig, DeliveryError};
 
 const SERVICE: &str = "delivery";
-/// The model's way of saying nothing should be sent.
-pub(crate) const NO_REPLY: &str = "NO_REPLY";
 
 /// Delivering again in place after a failure: from 100 ms, doubling up to 1 s, for as long as
 /// `bus.publish_retry_ms` allows.
@@ -191,13 +189,8 @@ impl Recent {
     }
 }
 
-/// Returns whether a reply is the model's request to stay silent.
-pub(crate) fn is_no_reply(text: &str) -> bool {
-    text.trim() == NO_REPLY
-}
-
 async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
-    let silent = outbound.error.is_empty() && is_no_reply(&outbound.text);
+    let silent = outbound.error.is_empty() && agentloop_proto::is_no_reply(&outbound.text);
     // Said already by the messaging tool, or stopped by a message_sending hook: the caller of
     // a request/reply still gets its answer, the channel gets nothing more.
     let handled = outbound.metadata.contains_key("deliveredByTool")
@@ -209,13 +202,7 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
         // would feed the reply back in as input or hand it to someone else.
         tracing::warn!(reply_subject = %reply_subject, "reply subject is not a private reply subject, not answered on");
     } else if outbound.r#final && !reply_subject.is_empty() {
-        let mut answer = outbound.clone();
-        if silent {
-            answer.text.clear();
-            answer
-                .metadata
-                .insert("suppressed".to_owned(), "NO_REPLY".to_owned());
-        }
+        let answer = agentloop_proto::caller_answer(outbound);
         let encoding = Encoding::from_name(&outbound.reply_encoding);
         ctx.bus
             .publish_fast(outbound.reply_subject.clone(), &answer, encoding)
@@ -311,13 +298,5 @@ mod tests {
         assert!(!recent.contains("0"));
         assert!(recent.contains("1"));
         assert!(recent.contains(&RECENT_CAPACITY.to_string()));
-    }
-
-    #[test]
-    fn no_reply_is_recognised_with_surrounding_space_only() {
-        assert!(is_no_reply("NO_REPLY"));
-        assert!(is_no_reply("  NO_REPLY\n"));
-        assert!(!is_no_reply("NO_REPLY please"));
-        assert!(!is_no_reply("no_reply"));
     }
 }

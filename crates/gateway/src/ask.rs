@@ -120,6 +120,8 @@ async fn ask(
         .map_err(|e| format!("cannot subscribe for the reply: {e}"))?;
     inbound.reply_subject = reply_subject;
     inbound.reply_encoding = encoding.name().to_owned();
+    // Only the first answer is read (an early one from the runner, else delivery's).
+    inbound.reply_early = true;
     if inbound.received_at.is_none() {
         inbound.received_at = Some(agentloop_proto::now());
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use tokio::time::Instant;
 
-use agentloop_bus::{Bus, error_chain};
+use agentloop_bus::{Bus, Stored, error_chain};
 use agentloop_proto::RunStatus;
 use agentloop_proto::v1::{
     BeginDispatchRequest, Caller, CompleteDispatchRequest, Dispatch, GetDispatchRequest,
@@ -21,6 +21,7 @@ use agentloop_proto::v1::{
 use agentloop_telemetry::TracedChannel;
 
 use crate::RequestError;
+use crate::known::KnownSessions;
 
 /// The memory client every gateway call shares (cheap to clone).
 pub(crate) type Sessions = SessionServiceClient<TracedChannel>;
@@ -103,6 +104,11 @@ enum Follow {
 /// seen before). `with_events`: the caller follows the run's events, and is answered once the
 /// run has ended; without them, as soon as the reply is there.
 ///
+/// A session the caller is known to see (`known`) is published to while the dispatch is
+/// recorded, so the record's round trip to Postgres is off the message's path; a session seen
+/// for the first time is resolved and recorded first, since whether the caller may write to it
+/// is only known then.
+///
 /// # Errors
 /// [`RequestError::InvalidRequest`] for a message the contract refuses,
 /// [`RequestError::NotFound`] for a session of another principal,
@@ -110,6 +116,7 @@ enum Follow {
 pub(crate) async fn submit(
     bus: &Bus,
     sessions: &Sessions,
+    known: &KnownSessions,
     submission: Submission,
     ttl: Duration,
     with_events: bool,
@@ -134,41 +141,70 @@ pub(crate) async fn submit(
     };
     agentloop_proto::validate_inbound(&mut inbound, "webchat")
         .map_err(|err| RequestError::InvalidRequest(err.to_string()))?;
-    // The session is resolved in the same call (no session_id given).
-    let record = sessions
-        .clone()
-        .begin_dispatch(BeginDispatchRequest {
-            session_key: inbound.session_key.clone(),
-            idempotency_key: idempotency_key.clone(),
-            run_handle: uuid::Uuid::now_v7().to_string(),
-            ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
-            agent_id: inbound.agent_id.clone(),
-            channel: inbound.channel.clone(),
-            caller: Some(submission.caller),
-            ..Default::default()
-        })
-        .await
-        .map_err(|status| match RequestError::from(status) {
-            RequestError::NotFound(_) => {
-                RequestError::NotFound(format!("no session {:?}", inbound.session_key))
-            }
-            other => other,
-        })?
-        .into_inner();
-    let session_id = record.session_id.clone();
+    let caller = submission.caller;
+    let mut request = BeginDispatchRequest {
+        session_key: inbound.session_key.clone(),
+        idempotency_key: idempotency_key.clone(),
+        run_handle: uuid::Uuid::now_v7().to_string(),
+        ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+        agent_id: inbound.agent_id.clone(),
+        channel: inbound.channel.clone(),
+        caller: Some(caller.clone()),
+        ..Default::default()
+    };
     let msg_id = agentloop_proto::inbound_msg_id(&inbound.session_key, &idempotency_key);
     let inbound_subject = bus.subjects().inbound(&inbound.channel);
-    let follow = if record.created {
-        // Subscribe before publishing so neither a fast event nor a fast reply slips past.
-        let events = if with_events {
-            Some(subscribe(bus, bus.subjects().session_events(&session_id)).await?)
-        } else {
-            None
+    let accepted = |record: Dispatch, inbound: InboundMessage, follow: Follow| Accepted {
+        duplicate: matches!(follow, Follow::Repeat),
+        run_handle: record.run_handle,
+        session_key: inbound.session_key,
+        session_id: record.session_id,
+        idempotency_key: idempotency_key.clone(),
+        follow,
+        sessions: sessions.clone(),
+        deadline,
+    };
+
+    if let Some(session_id) = known.get(&inbound.session_key, &caller) {
+        let (events, replies) = listen(bus, &session_id, with_events, &mut inbound).await?;
+        request.session_id.clone_from(&session_id);
+        let ours = request.run_handle.clone();
+        let (record, stored) = tokio::join!(
+            begin(sessions, request),
+            bus.publish_durable_checked(inbound_subject, &inbound, &msg_id)
+        );
+        let stored = stored.map_err(|err| RequestError::Unavailable(error_chain(&err)))?;
+        let record = match record {
+            Ok(record) => record,
+            // The message is in the stream and this call listens for its reply: the client
+            // gets its answer, only a repeat of its key will not find it stored.
+            Err(err) if stored == Stored::New => {
+                tracing::warn!(error = %err, "the dispatch was not recorded; following the run without a record");
+                Dispatch {
+                    run_handle: ours,
+                    session_id,
+                    created: true,
+                    ..Default::default()
+                }
+            }
+            Err(err) => return Err(err),
         };
-        let reply_subject = bus.subjects().reply(&agentloop_bus::nuid());
-        let replies = subscribe(bus, reply_subject.clone()).await?;
-        inbound.reply_subject = reply_subject;
-        inbound.reply_encoding = agentloop_proto::Encoding::Proto.name().to_owned();
+        // Another call may have sent the same key first, and only the stored copy carries a
+        // reply subject: this call follows the run only when both its record and its message
+        // are the first, and otherwise watches the record like any repeat.
+        let follow = if record.created && stored == Stored::New {
+            Follow::Sent { events, replies }
+        } else {
+            stop_listening(events, replies).await;
+            Follow::Repeat
+        };
+        return Ok(accepted(record, inbound, follow));
+    }
+
+    let record = begin(sessions, request).await?;
+    known.remember(&inbound.session_key, &caller, &record.session_id);
+    let follow = if record.created {
+        let (events, replies) = listen(bus, &record.session_id, with_events, &mut inbound).await?;
         bus.publish_durable(inbound_subject, &inbound, Some(&msg_id))
             .await
             .map_err(|err| RequestError::Unavailable(error_chain(&err)))?;
@@ -183,16 +219,60 @@ pub(crate) async fn submit(
         }
         Follow::Repeat
     };
-    Ok(Accepted {
-        run_handle: record.run_handle,
-        session_key: inbound.session_key,
-        session_id,
-        idempotency_key,
-        duplicate: !record.created,
-        follow,
-        sessions: sessions.clone(),
-        deadline,
-    })
+    Ok(accepted(record, inbound, follow))
+}
+
+/// Records the dispatch (resolving the session when the request names none).
+async fn begin(
+    sessions: &Sessions,
+    request: BeginDispatchRequest,
+) -> Result<Dispatch, RequestError> {
+    let session_key = request.session_key.clone();
+    sessions
+        .clone()
+        .begin_dispatch(request)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| match RequestError::from(status) {
+            RequestError::NotFound(_) => {
+                RequestError::NotFound(format!("no session {session_key:?}"))
+            }
+            other => other,
+        })
+}
+
+/// Subscribes to the reply of `inbound` (setting its reply subject) and, with `with_events`,
+/// to its session's events: before publishing, so neither a fast event nor a fast reply slips
+/// past.
+async fn listen(
+    bus: &Bus,
+    session_id: &str,
+    with_events: bool,
+    inbound: &mut InboundMessage,
+) -> Result<(Option<async_nats::Subscriber>, async_nats::Subscriber), RequestError> {
+    let events = if with_events {
+        Some(subscribe(bus, bus.subjects().session_events(session_id)).await?)
+    } else {
+        None
+    };
+    let reply_subject = bus.subjects().reply(&agentloop_bus::nuid());
+    let replies = subscribe(bus, reply_subject.clone()).await?;
+    inbound.reply_subject = reply_subject;
+    inbound.reply_encoding = agentloop_proto::Encoding::Proto.name().to_owned();
+    // The first answer is taken and the subscription dropped: an early one from the runner
+    // saves the outbound stream's hop, delivery's later copy goes nowhere.
+    inbound.reply_early = true;
+    Ok((events, replies))
+}
+
+async fn stop_listening(
+    events: Option<async_nats::Subscriber>,
+    mut replies: async_nats::Subscriber,
+) {
+    if let Some(mut events) = events {
+        let _ = events.unsubscribe().await;
+    }
+    let _ = replies.unsubscribe().await;
 }
 
 async fn subscribe(bus: &Bus, subject: String) -> Result<async_nats::Subscriber, RequestError> {
@@ -297,10 +377,7 @@ where
             }
         }
     }
-    if let Some(mut events) = events {
-        let _ = events.unsubscribe().await;
-    }
-    let _ = replies.unsubscribe().await;
+    stop_listening(events, replies).await;
     match reply {
         Some(outbound) => Finished {
             status: if outbound.error.is_empty() {

@@ -12,6 +12,7 @@ mod frames;
 mod guard;
 mod history;
 mod http;
+mod known;
 mod limits;
 mod memories;
 mod methods;
@@ -111,6 +112,7 @@ impl Gateway {
         let state = state::AppState {
             bus: bus_cell.clone(),
             sessions,
+            known_sessions: Arc::default(),
             config: Arc::new(config.clone()),
             guard: Arc::new(guard),
             limits: limits::Limits::new(&config.gateway),

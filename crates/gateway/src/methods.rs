@@ -225,6 +225,7 @@ async fn start(
     dispatch::submit(
         state.bus()?,
         &state.sessions,
+        &state.known_sessions,
         submission,
         state.dispatch_ttl(),
         true,

@@ -216,6 +216,7 @@ async fn complete(
     let accepted = dispatch::submit(
         state.bus()?,
         &state.sessions,
+        &state.known_sessions,
         submission,
         state.dispatch_ttl(),
         // A non-streaming answer needs only the reply.

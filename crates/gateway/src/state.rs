@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, header};
 use agentloop_bus::Bus;
 
 use crate::guard::Guard;
+use crate::known::KnownSessions;
 use crate::limits::Limits;
 use crate::principal::Principal;
 use crate::{GatewayConfig, RequestError, dispatch::Sessions};
@@ -24,6 +25,8 @@ pub(crate) struct AppState {
     /// Set once the bus is connected; requests before that are refused as unavailable.
     pub(crate) bus: Arc<OnceLock<Bus>>,
     pub(crate) sessions: Sessions,
+    /// Sessions each caller has been seen to see.
+    pub(crate) known_sessions: Arc<KnownSessions>,
     pub(crate) config: Arc<GatewayConfig>,
     /// Header checks and the client address behind trusted proxies.
     pub(crate) guard: Arc<Guard>,

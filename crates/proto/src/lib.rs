@@ -2,12 +2,14 @@
 //! protobuf/JSON codec (the Content-Type rule of DESIGN.md) and the validation every service
 //! applies to what it receives. No I/O.
 
+mod answer;
 mod codec;
 mod ids;
 mod kinds;
 mod run_id;
 mod validate;
 
+pub use answer::{NO_REPLY, caller_answer, is_no_reply};
 pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
 pub use ids::{
     EntryKey, RunMessage, entry_key, inbound_msg_id, run_command_msg_id, run_msg_id,

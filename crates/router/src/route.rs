@@ -225,6 +225,7 @@ async fn publish_run(
         model,
         reply_subject: inbound.reply_subject,
         reply_encoding: inbound.reply_encoding,
+        reply_early: inbound.reply_early,
         metadata: {
             // The run starts later, on whichever replica owns the session: the trace goes
             // along in the command itself.

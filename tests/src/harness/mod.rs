@@ -32,6 +32,8 @@ pub struct SandboxOptions {
     pub ack_gather_ms: Option<u64>,
     /// Changes to memory's configuration (the inbox cap).
     pub memory: Option<MemoryTweak>,
+    /// Starts no delivery service: only what the runner itself publishes reaches anyone.
+    pub no_delivery: bool,
 }
 
 /// A running stack.
@@ -143,13 +145,15 @@ impl Sandbox {
             ));
         }
 
-        let delivery = agentloop_delivery::DeliveryConfig {
-            bus: bus.clone(),
-            ..Default::default()
-        };
-        services.push(handle("delivery", move |t| {
-            agentloop_delivery::run(delivery, t)
-        }));
+        if !options.no_delivery {
+            let delivery = agentloop_delivery::DeliveryConfig {
+                bus: bus.clone(),
+                ..Default::default()
+            };
+            services.push(handle("delivery", move |t| {
+                agentloop_delivery::run(delivery, t)
+            }));
+        }
 
         let mut gateway = agentloop_gateway::GatewayConfig {
             bus: bus.clone(),
@@ -176,12 +180,12 @@ impl Sandbox {
             services,
             runners,
         };
-        sandbox.wait_ready().await?;
+        sandbox.wait_ready(!options.no_delivery).await?;
         Ok(sandbox)
     }
 
     /// Waits until every stream and durable consumer exists, i.e. every service is consuming.
-    async fn wait_ready(&self) -> anyhow::Result<()> {
+    async fn wait_ready(&self, delivery: bool) -> anyhow::Result<()> {
         // Memory answers UNAVAILABLE until its database is migrated.
         let channel = agentloop_telemetry::traced_channel(&self.memory_url, "")?;
         let memory =
@@ -201,11 +205,13 @@ impl Sandbox {
         .await?;
         let js = async_nats::jetstream::new(self.client.clone());
         let upper = self.prefix.to_uppercase();
-        let wanted = [
+        let mut wanted = vec![
             (format!("{upper}_INBOUND"), "router"),
             (format!("{upper}_RUNS"), "runner"),
-            (format!("{upper}_OUTBOUND"), "delivery"),
         ];
+        if delivery {
+            wanted.push((format!("{upper}_OUTBOUND"), "delivery"));
+        }
         agentloop_testkit::wait_until("services consuming", Duration::from_secs(20), || {
             let js = js.clone();
             let wanted = wanted.clone();

@@ -1,7 +1,8 @@
 //! The run's reply: what the user reads for each way a run ends, shaped by the
 //! `message_sending` hook, marked when the messaging tool already said it, and published before
 //! the run is marked finished so a crash in between re-runs into the same message id and the
-//! stream drops the duplicate.
+//! stream drops the duplicate. A caller that asked for an early answer (`reply_early`) gets it
+//! on its reply subject first.
 
 use serde_json::json;
 
@@ -88,6 +89,18 @@ impl RunCtx<'_> {
             ts: Some(agentloop_proto::now()),
         };
         let bus = &self.replica.bus;
+        if command.reply_early && bus.config().allows_reply_subject(&reply.reply_subject) {
+            // The caller takes the first answer: this one saves it the outbound stream and
+            // delivery's hop, and delivery's answer after the store covers its loss.
+            let answer = agentloop_proto::caller_answer(&reply);
+            let encoding = agentloop_proto::Encoding::from_name(&reply.reply_encoding);
+            if let Err(err) = bus
+                .publish_fast(reply.reply_subject.clone(), &answer, encoding)
+                .await
+            {
+                tracing::warn!(run_id = %self.run.id, error = %agentloop_bus::error_chain(&err), "the early answer was not sent; delivery answers after the store");
+            }
+        }
         let subject = bus.subjects().outbound(&command.channel);
         let msg_id = run_msg_id(&self.run.id, message);
         let published = retry(
