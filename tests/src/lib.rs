@@ -36,4 +36,6 @@ mod recovery;
 #[cfg(test)]
 mod streams;
 #[cfg(test)]
+mod telegram;
+#[cfg(test)]
 mod tracing;

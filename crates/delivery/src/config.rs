@@ -1,4 +1,4 @@
-//! Delivery settings: `[bus]` and `[delivery]`.
+//! Delivery settings: `[bus]`, `[delivery]` and `[channels]`.
 
 use agentloop_bus::BusConfig;
 
@@ -10,6 +10,8 @@ pub struct DeliveryConfig {
     pub bus: BusConfig,
     /// Delivery-only settings.
     pub delivery: DeliverySettings,
+    /// Chat apps replies are posted to (`[channels.<name>]`).
+    pub channels: agentloop_channels::ChannelsConfig,
 }
 
 agentloop_lifecycle::config_schema!(DeliveryConfig);

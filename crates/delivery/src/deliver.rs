@@ -11,6 +11,9 @@ use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Backoff, Counter, Health, retry};
 use agentloop_proto::{Encoding, v1::OutboundMessage};
 
+use crate::apps::Apps;
+use crate::failure::Failure;
+use crate::recent::Recent;
 use crate::{DeliveryConfig, DeliveryError};
 
 const SERVICE: &str = "delivery";
@@ -19,11 +22,10 @@ const SERVICE: &str = "delivery";
 /// `bus.publish_retry_ms` allows.
 const DELIVER_AGAIN: Backoff = Backoff::new(100, 1_000, u32::MAX);
 
-/// How many recently delivered replies a replica remembers to absorb redeliveries.
-const RECENT_CAPACITY: usize = 10_000;
-
 struct Ctx {
     bus: Bus,
+    /// Chat apps replies are posted to.
+    apps: Apps,
     /// Runs whose final reply this replica delivered lately: a reply redelivered because its
     /// ack was lost (a NATS restart between publish and ack) is acked, not delivered twice.
     recent: std::sync::Mutex<Recent>,
@@ -54,7 +56,9 @@ pub(crate) async fn serve(
     let consumer_ready = health.component(&format!("{SERVICE} consumer"));
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
+    let apps = Apps::new(&config.channels).map_err(|err| DeliveryError::Stream(Box::new(err)))?;
     let ctx = Arc::new(Ctx {
+        apps,
         dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
         bus,
         acks,
@@ -135,7 +139,8 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
                 ctx.acks.ack(msg);
             }
             // Never acked when not delivered: the server hands it out again.
-            Err(reason) => ctx.dead_letters.retry_later(&msg, &reason).await,
+            Err(Failure::Transient(reason)) => ctx.dead_letters.retry_later(&msg, &reason).await,
+            Err(Failure::Permanent(reason)) => ctx.dead_letters.reject(&msg, &reason).await,
         }
     }
     .instrument(span)
@@ -149,47 +154,18 @@ async fn deliver_retrying(
     ctx: &Ctx,
     msg: &jetstream::Message,
     outbound: &OutboundMessage,
-) -> Result<(), String> {
-    retry(
-        "deliver",
-        ctx.retry_in_place,
-        |_| true,
-        || async {
-            let delivered = deliver(ctx, outbound).await;
-            if delivered.is_err() {
-                let _ = msg.ack_with(AckKind::Progress).await;
-            }
-            delivered
-        },
-    )
+) -> Result<(), Failure> {
+    retry("deliver", ctx.retry_in_place, Failure::passes, || async {
+        let delivered = deliver(ctx, outbound).await;
+        if delivered.is_err() {
+            let _ = msg.ack_with(AckKind::Progress).await;
+        }
+        delivered
+    })
     .await
 }
 
-/// A bounded set of keys, oldest forgotten first.
-#[derive(Default)]
-struct Recent {
-    keys: std::collections::HashSet<String>,
-    order: std::collections::VecDeque<String>,
-}
-
-impl Recent {
-    fn contains(&self, key: &str) -> bool {
-        self.keys.contains(key)
-    }
-
-    fn insert(&mut self, key: String) {
-        if self.keys.insert(key.clone()) {
-            self.order.push_back(key);
-            if self.order.len() > RECENT_CAPACITY
-                && let Some(oldest) = self.order.pop_front()
-            {
-                self.keys.remove(&oldest);
-            }
-        }
-    }
-}
-
-async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
+async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), Failure> {
     let silent = outbound.error.is_empty() && agentloop_proto::is_no_reply(&outbound.text);
     // Said already by the messaging tool, or stopped by a message_sending hook: the caller of
     // a request/reply still gets its answer, the channel gets nothing more.
@@ -214,8 +190,18 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), String> {
         tracing::debug!(silent, handled, "nothing delivered to the channel");
         return Ok(());
     }
-    // Channel adapters: cli and nats publish on the bus; chat-app adapters come later and fall
-    // back to the same subject so nothing is lost meanwhile.
+    let ledger = (outbound.r#final && !outbound.run_id.is_empty()).then(|| delivered_id(outbound));
+    if let Some(posted) = ctx
+        .apps
+        .deliver(outbound, ledger.as_deref(), &ctx.recent)
+        .await
+    {
+        posted?;
+        ctx.delivered.inc();
+        return Ok(());
+    }
+    // Every other channel (cli, nats, and a chat app not configured here) is published on the
+    // bus, so nothing is lost.
     let subject = ctx
         .bus
         .subjects()
@@ -283,20 +269,4 @@ fn delivered_id(outbound: &OutboundMessage) -> String {
         &outbound.run_id,
         agentloop_proto::RunMessage::Delivered(outbound.error.is_empty()),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recent_deliveries_forget_the_oldest_beyond_capacity() {
-        let mut recent = Recent::default();
-        for i in 0..=RECENT_CAPACITY {
-            recent.insert(i.to_string());
-        }
-        assert!(!recent.contains("0"));
-        assert!(recent.contains("1"));
-        assert!(recent.contains(&RECENT_CAPACITY.to_string()));
-    }
 }

@@ -1,11 +1,14 @@
 //! Delivery: takes each OutboundMessage from `<prefix>.outbound.>` (stream OUTBOUND, durable
 //! consumer shared by replicas), suppresses `NO_REPLY`, answers request/reply callers on their
-//! reply subject, and hands the reply to the channel's adapter. The `cli` and `nats` channels
-//! (and, until their adapters exist, every other channel) publish it as JSON on
-//! `<prefix>.deliver.<channel>.<session_id>`.
+//! reply subject, and hands the reply to the channel's adapter: a chat app configured under
+//! `[channels.<name>]` (Telegram) gets it through its API; every other channel (`cli`, `nats`)
+//! is published as JSON on `<prefix>.deliver.<channel>.<session_id>`.
 
+mod apps;
 mod config;
 mod deliver;
+mod failure;
+mod recent;
 
 pub use config::{DeliveryConfig, DeliverySettings};
 

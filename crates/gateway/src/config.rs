@@ -1,4 +1,5 @@
-//! Gateway settings: `[bus]`, `[memory]` (url), `[models]` (allowlist) and `[gateway]`.
+//! Gateway settings: `[bus]`, `[memory]` (url), `[models]` (allowlist), `[gateway]` and
+//! `[channels]` (webhooks).
 
 use agentloop_bus::BusConfig;
 use serde::Deserialize as _;
@@ -18,6 +19,8 @@ pub struct GatewayConfig {
     pub models: ModelPolicy,
     /// Gateway-only settings.
     pub gateway: GatewaySettings,
+    /// Chat apps whose webhooks the gateway takes in (`[channels.<name>]`).
+    pub channels: agentloop_channels::ChannelsConfig,
 }
 
 agentloop_lifecycle::config_schema!(GatewayConfig);

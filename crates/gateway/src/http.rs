@@ -1,4 +1,4 @@
-//! The client-facing HTTP routes (`/`, `/ws`, `/v1/...`) and the web chat page's files; the
+//! The client-facing HTTP routes (`/`, `/ws`, `/v1/...`, `/channels/...`) and the web chat page's files; the
 //! handlers live in their protocol's module.
 
 use axum::{
@@ -21,6 +21,7 @@ pub(crate) fn routes(state: AppState) -> Router {
         .route("/ws", get(crate::ws::upgrade))
         .route("/v1/models", get(crate::openai::models))
         .route("/v1/chat/completions", post(crate::openai::completions))
+        .route("/channels/telegram", post(crate::webhooks::telegram))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }

@@ -22,6 +22,7 @@ mod principal;
 mod sessions;
 mod state;
 mod usage;
+mod webhooks;
 mod ws;
 
 pub use agentloop_lifecycle::MemoryEndpoint;

@@ -128,7 +128,7 @@ impl AppState {
 }
 
 /// Compares without an early exit, so the time taken does not tell how much of a token matched.
-fn constant_time_eq(a: &str, b: &str) -> bool {
+pub(crate) fn constant_time_eq(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     if a.len() != b.len() {
         return false;

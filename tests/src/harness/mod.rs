@@ -34,6 +34,8 @@ pub struct SandboxOptions {
     pub memory: Option<MemoryTweak>,
     /// Starts no delivery service: only what the runner itself publishes reaches anyone.
     pub no_delivery: bool,
+    /// `[channels]` of the gateway and delivery (chat apps).
+    pub channels: Option<agentloop_channels::ChannelsConfig>,
 }
 
 /// A running stack.
@@ -148,6 +150,7 @@ impl Sandbox {
         if !options.no_delivery {
             let delivery = agentloop_delivery::DeliveryConfig {
                 bus: bus.clone(),
+                channels: options.channels.clone().unwrap_or_default(),
                 ..Default::default()
             };
             services.push(handle("delivery", move |t| {
@@ -157,6 +160,7 @@ impl Sandbox {
 
         let mut gateway = agentloop_gateway::GatewayConfig {
             bus: bus.clone(),
+            channels: options.channels.clone().unwrap_or_default(),
             ..Default::default()
         };
         gateway.gateway.listen = "127.0.0.1:0".to_owned();
