@@ -34,6 +34,8 @@ mod principals;
 #[cfg(test)]
 mod recovery;
 #[cfg(test)]
+mod slack;
+#[cfg(test)]
 mod streams;
 #[cfg(test)]
 mod telegram;

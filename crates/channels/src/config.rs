@@ -37,6 +37,51 @@ impl fmt::Debug for Secret {
 pub struct ChannelsConfig {
     /// `[channels.telegram]`
     pub telegram: TelegramConfig,
+    /// `[channels.slack]`
+    pub slack: SlackConfig,
+}
+
+/// `[channels.slack]`: a Slack app with a bot user.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct SlackConfig {
+    /// The bot user's OAuth token (`xoxb-…`); replies are off without it.
+    pub bot_token: Secret,
+    /// The app's signing secret; the Events API endpoint refuses every request without it.
+    pub signing_secret: Secret,
+    /// The Web API's address (tests point it at a fake).
+    pub api_base: String,
+    /// The agent that answers the app's conversations.
+    pub agent_id: String,
+    /// Longest `Retry-After` waited out in place.
+    pub max_retry_after_ms: u64,
+    /// Timeout of one Web API call.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for SlackConfig {
+    fn default() -> Self {
+        Self {
+            bot_token: Secret::default(),
+            signing_secret: Secret::default(),
+            api_base: "https://slack.com".to_owned(),
+            agent_id: "main".to_owned(),
+            max_retry_after_ms: 30_000,
+            request_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl SlackConfig {
+    /// Whether the Events API endpoint is served (a signing secret is set).
+    pub fn receives(&self) -> bool {
+        !self.signing_secret.is_empty()
+    }
+
+    /// Whether replies are posted (a token is set).
+    pub fn sends(&self) -> bool {
+        !self.bot_token.is_empty()
+    }
 }
 
 /// `[channels.telegram]`: a Telegram bot.

@@ -7,10 +7,11 @@
 
 mod chunk;
 mod config;
+pub mod slack;
 pub mod telegram;
 
 pub use chunk::chunk;
-pub use config::{ChannelsConfig, Secret, TelegramConfig};
+pub use config::{ChannelsConfig, Secret, SlackConfig, TelegramConfig};
 
 use std::collections::HashMap;
 
@@ -27,6 +28,22 @@ pub mod meta {
     pub const THREAD: &str = "channel.thread";
     /// Set when the conversation is a group (replies quote the message they answer).
     pub const GROUP: &str = "channel.group";
+}
+
+/// Why a chat app did not take a reply.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Try again: rate limited (after `retry_after`), the app failing, or the network.
+    #[error("{reason}")]
+    Transient {
+        /// What the app or the network said.
+        reason: String,
+        /// How long the app asked to wait (Telegram's `retry_after`, Slack's `Retry-After`).
+        retry_after: Option<std::time::Duration>,
+    },
+    /// Trying again cannot help (chat not found, bot blocked, bad token).
+    #[error("{0}")]
+    Permanent(String),
 }
 
 /// Whether a conversation is one person or many.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::{Conversation, Inbound, TelegramConfig};
+use crate::{Conversation, Inbound, SendError, TelegramConfig};
 
 /// The channel's name on the bus (`<prefix>.inbound.telegram`).
 pub const CHANNEL: &str = "telegram";
@@ -94,22 +94,6 @@ pub fn parse_update(body: &[u8]) -> Result<Option<Inbound>, UpdateError> {
         sender: from.id.to_string(),
         text,
     }))
-}
-
-/// Why a Bot API call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SendError {
-    /// Try again: rate limited (after `retry_after`), the API failing, or the network.
-    #[error("telegram: {reason}")]
-    Transient {
-        /// What Telegram or the network said.
-        reason: String,
-        /// Telegram's `parameters.retry_after`.
-        retry_after: Option<Duration>,
-    },
-    /// Trying again cannot help (chat not found, bot blocked, bad token).
-    #[error("telegram: {0}")]
-    Permanent(String),
 }
 
 /// Where a reply goes.

@@ -2,13 +2,11 @@
 //! remembered once posted, so a retry after a later piece failed does not post the earlier
 //! ones again; rate limits waited out as the app asks; a refusal for good told apart.
 
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agentloop_channels::{
-    ChannelsConfig, chunk, meta,
-    telegram::{self, SendError, Target},
-};
+use agentloop_channels::{ChannelsConfig, SendError, chunk, meta, slack, telegram};
 use agentloop_proto::v1::OutboundMessage;
 
 use crate::failure::Failure;
@@ -19,26 +17,30 @@ const ATTEMPTS: u32 = 3;
 
 /// The chat apps delivery posts to.
 pub(crate) struct Apps {
-    telegram: Option<TelegramOut>,
-}
-
-struct TelegramOut {
-    client: telegram::Client,
-    max_retry_after: Duration,
+    telegram: Option<(telegram::Client, Duration)>,
+    slack: Option<(slack::Client, Duration)>,
 }
 
 impl Apps {
     /// The apps `config` turns on.
     pub(crate) fn new(config: &ChannelsConfig) -> Result<Self, reqwest::Error> {
-        let telegram = if config.telegram.sends() {
-            Some(TelegramOut {
-                client: telegram::Client::new(&config.telegram)?,
-                max_retry_after: Duration::from_millis(config.telegram.max_retry_after_ms),
-            })
-        } else {
-            None
-        };
-        Ok(Self { telegram })
+        let wait = Duration::from_millis;
+        Ok(Self {
+            telegram: match config.telegram.sends() {
+                true => Some((
+                    telegram::Client::new(&config.telegram)?,
+                    wait(config.telegram.max_retry_after_ms),
+                )),
+                false => None,
+            },
+            slack: match config.slack.sends() {
+                true => Some((
+                    slack::Client::new(&config.slack)?,
+                    wait(config.slack.max_retry_after_ms),
+                )),
+                false => None,
+            },
+        })
     }
 
     /// Posts `outbound` to its chat app; `None` when its channel is no app configured here.
@@ -49,80 +51,99 @@ impl Apps {
         ledger: Option<&str>,
         recent: &Mutex<Recent>,
     ) -> Option<Result<(), Failure>> {
-        match outbound.channel.as_str() {
+        let channel = outbound.channel.as_str();
+        let chat = outbound.metadata.get(meta::CHAT);
+        let group = outbound.metadata.contains_key(meta::GROUP);
+        let thread = outbound.metadata.get(meta::THREAD);
+        let message = outbound.metadata.get(meta::MESSAGE);
+        let posted = match channel {
             telegram::CHANNEL => {
-                let app = self.telegram.as_ref()?;
-                Some(app.deliver(outbound, ledger, recent).await)
+                let (client, max_wait) = self.telegram.as_ref()?;
+                let Some(chat) = chat else {
+                    return Some(Err(no_chat(channel)));
+                };
+                let target = telegram::Target {
+                    chat: chat.clone(),
+                    thread: thread.cloned(),
+                    // In a group, the answer quotes the message it answers.
+                    reply_to: message.filter(|_| group).cloned(),
+                };
+                let pieces = chunk(&outbound.text, telegram::MAX_MESSAGE);
+                post_pieces(channel, &pieces, ledger, recent, *max_wait, |piece| {
+                    client.send_message(&target, piece)
+                })
+                .await
             }
-            _ => None,
-        }
+            slack::CHANNEL => {
+                let (client, max_wait) = self.slack.as_ref()?;
+                let Some(chat) = chat else {
+                    return Some(Err(no_chat(channel)));
+                };
+                // In a channel, the answer goes in the thread of the message it answers.
+                let thread = thread.or(message.filter(|_| group)).map(String::as_str);
+                let pieces = chunk(&outbound.text, slack::MAX_MESSAGE);
+                post_pieces(channel, &pieces, ledger, recent, *max_wait, |piece| {
+                    client.post_message(chat, thread, piece)
+                })
+                .await
+            }
+            _ => return None,
+        };
+        Some(posted)
     }
 }
 
-impl TelegramOut {
-    async fn deliver(
-        &self,
-        outbound: &OutboundMessage,
-        ledger: Option<&str>,
-        recent: &Mutex<Recent>,
-    ) -> Result<(), Failure> {
-        let Some(chat) = outbound.metadata.get(meta::CHAT) else {
-            return Err(Failure::Permanent(
-                "a telegram reply without a chat: its message did not come through the Telegram webhook".to_owned(),
-            ));
-        };
-        let target = Target {
-            chat: chat.clone(),
-            thread: outbound.metadata.get(meta::THREAD).cloned(),
-            // In a group, the answer quotes the message it answers.
-            reply_to: outbound
-                .metadata
-                .contains_key(meta::GROUP)
-                .then(|| outbound.metadata.get(meta::MESSAGE).cloned())
-                .flatten(),
-        };
-        for (i, piece) in chunk(&outbound.text, telegram::MAX_MESSAGE)
-            .iter()
-            .enumerate()
-        {
-            let key = ledger.map(|id| format!("{id}#{i}"));
-            if let Some(key) = &key
-                && recent.lock().is_ok_and(|r| r.contains(key))
-            {
-                continue;
-            }
-            self.send(&target, piece).await?;
-            if let Some(key) = key
-                && let Ok(mut recent) = recent.lock()
-            {
-                recent.insert(key);
-            }
-        }
-        Ok(())
-    }
+fn no_chat(channel: &str) -> Failure {
+    Failure::Permanent(format!(
+        "a {channel} reply without a chat: its message did not come through the {channel} endpoint"
+    ))
+}
 
-    /// Sends one piece, waiting out what a `429` asks for (up to `max_retry_after`).
-    async fn send(&self, target: &Target, text: &str) -> Result<(), Failure> {
+/// Posts each piece not posted before, in order, remembering each once the app took it.
+async fn post_pieces<'a, F, Fut>(
+    channel: &str,
+    pieces: &'a [String],
+    ledger: Option<&str>,
+    recent: &Mutex<Recent>,
+    max_wait: Duration,
+    mut send: F,
+) -> Result<(), Failure>
+where
+    F: FnMut(&'a str) -> Fut,
+    Fut: Future<Output = Result<(), SendError>>,
+{
+    for (i, piece) in pieces.iter().enumerate() {
+        let key = ledger.map(|id| format!("{id}#{i}"));
+        if let Some(key) = &key
+            && recent.lock().is_ok_and(|r| r.contains(key))
+        {
+            continue;
+        }
         let mut attempt = 1;
         loop {
-            match self.client.send_message(target, text).await {
-                Ok(()) => return Ok(()),
-                Err(SendError::Permanent(reason)) => return Err(Failure::Permanent(reason)),
+            match send(piece).await {
+                Ok(()) => break,
+                Err(SendError::Permanent(reason)) => {
+                    return Err(Failure::Permanent(format!("{channel}: {reason}")));
+                }
                 Err(SendError::Transient {
                     reason,
                     retry_after,
-                }) => {
-                    let wait = retry_after.filter(|d| *d <= self.max_retry_after);
-                    match wait {
-                        Some(wait) if attempt < ATTEMPTS => {
-                            tracing::info!(%reason, retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX), "telegram asks to wait; posting again after it");
-                            tokio::time::sleep(wait).await;
-                            attempt += 1;
-                        }
-                        _ => return Err(Failure::Transient(reason)),
+                }) => match retry_after.filter(|d| *d <= max_wait) {
+                    Some(wait) if attempt < ATTEMPTS => {
+                        tracing::info!(channel, %reason, retry_after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX), "the app asks to wait; posting again after it");
+                        tokio::time::sleep(wait).await;
+                        attempt += 1;
                     }
-                }
+                    _ => return Err(Failure::Transient(format!("{channel}: {reason}"))),
+                },
             }
         }
+        if let Some(key) = key
+            && let Ok(mut recent) = recent.lock()
+        {
+            recent.insert(key);
+        }
     }
+    Ok(())
 }

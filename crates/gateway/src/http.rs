@@ -22,6 +22,7 @@ pub(crate) fn routes(state: AppState) -> Router {
         .route("/v1/models", get(crate::openai::models))
         .route("/v1/chat/completions", post(crate::openai::completions))
         .route("/channels/telegram", post(crate::webhooks::telegram))
+        .route("/channels/slack", post(crate::webhooks::slack))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }

@@ -1,5 +1,5 @@
 //! Chat apps' webhooks (`POST /channels/<name>`): each request proves it comes from the app
-//! (Telegram: the secret token header), its update becomes an InboundMessage on
+//! (Telegram: the secret token header; Slack: the signature of the signing secret), its update becomes an InboundMessage on
 //! `<prefix>.inbound.<channel>`, and the app is answered 200 only once the stream stored it, so
 //! an app that gets no 200 sends again and nothing is lost. A redelivered update carries the
 //! same platform message id, so it is one message on every replica (the stream's duplicate
@@ -14,8 +14,8 @@ use axum::{
 use bytes::Bytes;
 use serde_json::json;
 
-use agentloop_bus::error_chain;
-use agentloop_channels::telegram;
+use agentloop_bus::{Bus, error_chain};
+use agentloop_channels::{Inbound, slack, telegram};
 
 use crate::SERVICE;
 use crate::state::{AppState, constant_time_eq};
@@ -47,44 +47,103 @@ pub(crate) async fn telegram(
     let Ok(bus) = state.bus() else {
         return answer(StatusCode::SERVICE_UNAVAILABLE, "not connected to NATS yet");
     };
-    let subject = bus.subjects().inbound(telegram::CHANNEL);
-    let kept = body.clone();
-    let keep = |reason: String| async move {
-        if let Err(err) = bus
-            .dead_letter(SERVICE, &subject, None, kept, &reason)
-            .await
-        {
-            tracing::error!(error = %error_chain(&err), "failed to dead-letter a telegram update");
-        }
-        reason
-    };
     let inbound = match telegram::parse_update(&body) {
         Ok(Some(inbound)) => inbound,
         Ok(None) => return answer(StatusCode::OK, "nothing to answer"),
         Err(err) => {
-            let reason = keep(err.to_string()).await;
+            let reason = keep(bus, telegram::CHANNEL, body, err.to_string()).await;
             return answer(StatusCode::BAD_REQUEST, &reason);
         }
     };
-    let mut message = inbound.into_message(&config.agent_id);
-    if let Err(err) = agentloop_proto::validate_inbound(&mut message, telegram::CHANNEL) {
-        // Kept, and answered 200: Telegram would send the same refused update again forever.
-        let reason = keep(format!("telegram message refused: {err}")).await;
+    publish(bus, inbound, &config.agent_id, body).await
+}
+
+/// `POST /channels/slack`: a Slack Events API request.
+pub(crate) async fn slack(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let config = &state.config.channels.slack;
+    if !config.receives() {
+        return answer(
+            StatusCode::NOT_FOUND,
+            "the Slack endpoint is off: set channels.slack.signing_secret",
+        );
+    }
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if let Err(err) = slack::verify(
+        config.signing_secret.expose(),
+        &header(slack::TIMESTAMP_HEADER),
+        &header(slack::SIGNATURE_HEADER),
+        &body,
+        now,
+    ) {
+        tracing::warn!(error = %err, "slack request refused");
+        return answer(StatusCode::UNAUTHORIZED, &err.to_string());
+    }
+    let Ok(bus) = state.bus() else {
+        return answer(StatusCode::SERVICE_UNAVAILABLE, "not connected to NATS yet");
+    };
+    match slack::parse(&body) {
+        Ok(slack::Request::Challenge(challenge)) => {
+            (StatusCode::OK, Json(json!({"challenge": challenge}))).into_response()
+        }
+        Ok(slack::Request::Ignored) => answer(StatusCode::OK, "nothing to answer"),
+        Ok(slack::Request::Message(inbound)) => publish(bus, inbound, &config.agent_id, body).await,
+        Err(err) => {
+            let reason = keep(bus, slack::CHANNEL, body, err.to_string()).await;
+            answer(StatusCode::BAD_REQUEST, &reason)
+        }
+    }
+}
+
+/// Publishes a chat app's message on `<prefix>.inbound.<channel>` under its platform id and
+/// answers 200 once the stream stored it.
+async fn publish(bus: &Bus, inbound: Inbound, agent: &str, body: Bytes) -> Response {
+    let channel = inbound.channel;
+    let mut message = inbound.into_message(agent);
+    if let Err(err) = agentloop_proto::validate_inbound(&mut message, channel) {
+        // Kept, and answered 200: the app would send the same refused message again forever.
+        let reason = keep(
+            bus,
+            channel,
+            body,
+            format!("{channel} message refused: {err}"),
+        )
+        .await;
         return answer(StatusCode::OK, &reason);
     }
     let msg_id = agentloop_proto::inbound_msg_id(&message.session_key, &message.idempotency_key);
     match bus
-        .publish_durable(
-            bus.subjects().inbound(telegram::CHANNEL),
-            &message,
-            Some(&msg_id),
-        )
+        .publish_durable(bus.subjects().inbound(channel), &message, Some(&msg_id))
         .await
     {
         Ok(()) => answer(StatusCode::OK, "accepted"),
-        // Not stored: Telegram sends it again later.
+        // Not stored: the app sends it again later.
         Err(err) => answer(StatusCode::SERVICE_UNAVAILABLE, &error_chain(&err)),
     }
+}
+
+/// Keeps a refused request on the dead-letter subject and returns the reason.
+async fn keep(bus: &Bus, channel: &str, body: Bytes, reason: String) -> String {
+    let subject = bus.subjects().inbound(channel);
+    if let Err(err) = bus
+        .dead_letter(SERVICE, &subject, None, body, &reason)
+        .await
+    {
+        tracing::error!(error = %error_chain(&err), channel, "failed to dead-letter a refused webhook");
+    }
+    reason
 }
 
 fn answer(status: StatusCode, description: &str) -> Response {

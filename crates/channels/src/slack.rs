@@ -1,0 +1,345 @@
+//! Slack: Events API requests in (`POST /channels/slack` on the gateway, each signed with the
+//! app's signing secret: `X-Slack-Signature: v0=hex(HMAC-SHA256(secret, "v0:" + timestamp +
+//! ":" + body))`, refused outside a 5-minute window so a captured request cannot be replayed),
+//! `chat.postMessage` out, in the thread of the message answered.
+
+use std::time::Duration;
+
+use hmac::{Hmac, KeyInit as _, Mac as _};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::Sha256;
+
+use crate::{Conversation, Inbound, SendError, SlackConfig};
+
+/// The channel's name on the bus (`<prefix>.inbound.slack`).
+pub const CHANNEL: &str = "slack";
+
+/// The header carrying the request's signature.
+pub const SIGNATURE_HEADER: &str = "x-slack-signature";
+
+/// The header carrying the request's timestamp (Unix seconds).
+pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
+
+/// How far a request's timestamp may be from now.
+pub const REPLAY_WINDOW: Duration = Duration::from_secs(300);
+
+/// The longest reply piece posted (Slack truncates past 40,000 and advises 4,000).
+pub const MAX_MESSAGE: usize = 4000;
+
+/// Why a request is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RequestError {
+    /// No valid signature of this app's secret.
+    #[error("X-Slack-Signature does not match the request")]
+    BadSignature,
+    /// Signed too long ago (or in the future): a replay.
+    #[error("X-Slack-Request-Timestamp is missing or outside the 5-minute window")]
+    Stale,
+    /// Not an Events API request.
+    #[error("not a Slack Events API request: {0}")]
+    Malformed(String),
+}
+
+/// Checks a request's signature and timestamp against `secret`, `now` being Unix seconds.
+///
+/// # Errors
+/// [`RequestError::Stale`] or [`RequestError::BadSignature`].
+pub fn verify(
+    secret: &str,
+    timestamp: &str,
+    signature: &str,
+    body: &[u8],
+    now: u64,
+) -> Result<(), RequestError> {
+    let at: u64 = timestamp.trim().parse().map_err(|_| RequestError::Stale)?;
+    if now.abs_diff(at) > REPLAY_WINDOW.as_secs() {
+        return Err(RequestError::Stale);
+    }
+    let given = signature
+        .strip_prefix("v0=")
+        .and_then(|hex| hex::decode(hex).ok())
+        .ok_or(RequestError::BadSignature)?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes())
+        .map_err(|_| RequestError::BadSignature)?;
+    mac.update(b"v0:");
+    mac.update(timestamp.trim().as_bytes());
+    mac.update(b":");
+    mac.update(body);
+    // Compared in constant time by the MAC itself.
+    mac.verify_slice(&given)
+        .map_err(|_| RequestError::BadSignature)
+}
+
+/// What a verified request asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// `url_verification`: answer with this challenge.
+    Challenge(String),
+    /// A message for the assistant.
+    Message(Inbound),
+    /// Something that asks nothing of the assistant (a bot's message, an edit, another event).
+    Ignored,
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(rename = "type")]
+    kind: String,
+    challenge: Option<String>,
+    event: Option<Event>,
+}
+
+#[derive(Deserialize)]
+struct Event {
+    #[serde(rename = "type")]
+    kind: String,
+    channel: Option<String>,
+    user: Option<String>,
+    text: Option<String>,
+    ts: Option<String>,
+    thread_ts: Option<String>,
+    channel_type: Option<String>,
+    bot_id: Option<String>,
+    subtype: Option<String>,
+}
+
+/// Reads a verified request body.
+///
+/// # Errors
+/// [`RequestError::Malformed`] when it is not an Events API request.
+pub fn parse(body: &[u8]) -> Result<Request, RequestError> {
+    let envelope: Envelope =
+        serde_json::from_slice(body).map_err(|err| RequestError::Malformed(err.to_string()))?;
+    match envelope.kind.as_str() {
+        "url_verification" => envelope
+            .challenge
+            .map(Request::Challenge)
+            .ok_or_else(|| RequestError::Malformed("url_verification without a challenge".into())),
+        "event_callback" => {
+            let event = envelope
+                .event
+                .ok_or_else(|| RequestError::Malformed("event_callback without an event".into()))?;
+            Ok(message(event).map_or(Request::Ignored, Request::Message))
+        }
+        _ => Ok(Request::Ignored),
+    }
+}
+
+fn message(event: Event) -> Option<Inbound> {
+    if !matches!(event.kind.as_str(), "message" | "app_mention")
+        || event.bot_id.is_some()
+        || event.subtype.is_some()
+    {
+        return None;
+    }
+    let (channel, user, text, ts) = (event.channel?, event.user?, event.text?, event.ts?);
+    if text.trim().is_empty() {
+        return None;
+    }
+    let conversation = if event.channel_type.as_deref() == Some("im") {
+        Conversation::Direct
+    } else {
+        Conversation::Group
+    };
+    Some(Inbound {
+        channel: CHANNEL,
+        conversation,
+        chat: channel,
+        thread: event.thread_ts,
+        message_id: ts,
+        sender: user,
+        text,
+    })
+}
+
+/// Calls Slack's Web API with one bot token.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    ok: bool,
+    #[serde(default)]
+    error: String,
+}
+
+impl Client {
+    /// A client for the app of `config`.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(config: &SlackConfig) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(config.request_timeout_ms))
+            .build()?;
+        Ok(Self {
+            http,
+            base: config.api_base.trim_end_matches('/').to_owned(),
+            token: config.bot_token.expose().to_owned(),
+        })
+    }
+
+    /// Posts `text` to `channel`, in `thread` when given, with `chat.postMessage`.
+    ///
+    /// # Errors
+    /// [`SendError`], told transient from permanent.
+    pub async fn post_message(
+        &self,
+        channel: &str,
+        thread: Option<&str>,
+        text: &str,
+    ) -> Result<(), SendError> {
+        let mut body = json!({"channel": channel, "text": text});
+        if let Some(thread) = thread {
+            body["thread_ts"] = json!(thread);
+        }
+        let response = self
+            .http
+            .post(format!("{}/api/chat.postMessage", self.base))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|err| SendError::Transient {
+                reason: err.without_url().to_string(),
+                retry_after: None,
+            })?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok())
+            .map(Duration::from_secs);
+        if status == 429 {
+            return Err(SendError::Transient {
+                reason: "429 ratelimited".to_owned(),
+                retry_after,
+            });
+        }
+        let bytes = response.bytes().await.map_err(|err| SendError::Transient {
+            reason: err.without_url().to_string(),
+            retry_after: None,
+        })?;
+        match serde_json::from_slice::<Answer>(&bytes) {
+            Ok(answer) if answer.ok => Ok(()),
+            Ok(answer) => Err(classify(&answer.error, retry_after)),
+            Err(_) if status >= 500 => Err(SendError::Transient {
+                reason: format!("HTTP {status}"),
+                retry_after,
+            }),
+            Err(_) => Err(SendError::Permanent(format!(
+                "HTTP {status} without a Web API answer"
+            ))),
+        }
+    }
+}
+
+/// Tells an `error` of the Web API passing from lasting.
+fn classify(error: &str, retry_after: Option<Duration>) -> SendError {
+    match error {
+        "ratelimited"
+        | "internal_error"
+        | "fatal_error"
+        | "service_unavailable"
+        | "request_timeout" => SendError::Transient {
+            reason: error.to_owned(),
+            retry_after,
+        },
+        _ => SendError::Permanent(error.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sign(secret: &str, ts: &str, body: &[u8]) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(format!("v0:{ts}:").as_bytes());
+        mac.update(body);
+        format!("v0={}", hex::encode(mac.finalize().into_bytes()))
+    }
+
+    #[test]
+    fn a_request_signed_with_the_secret_within_the_window_passes() {
+        let body = br#"{"type":"event_callback"}"#;
+        let sig = sign("s3cret", "1700000000", body);
+        assert_eq!(
+            verify("s3cret", "1700000000", &sig, body, 1_700_000_100),
+            Ok(())
+        );
+        // Another secret, another body, a replay after the window, no timestamp.
+        assert_eq!(
+            verify("other", "1700000000", &sig, body, 1_700_000_100),
+            Err(RequestError::BadSignature)
+        );
+        assert_eq!(
+            verify("s3cret", "1700000000", &sig, b"{}", 1_700_000_100),
+            Err(RequestError::BadSignature)
+        );
+        assert_eq!(
+            verify("s3cret", "1700000000", &sig, body, 1_700_000_301),
+            Err(RequestError::Stale)
+        );
+        assert_eq!(
+            verify("s3cret", "", &sig, body, 1),
+            Err(RequestError::Stale)
+        );
+        assert_eq!(
+            verify("s3cret", "1700000000", "v0=zz", body, 1_700_000_000),
+            Err(RequestError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn events_become_messages_challenges_or_nothing() {
+        let challenge = br#"{"type":"url_verification","challenge":"abc","token":"x"}"#;
+        assert_eq!(parse(challenge).unwrap(), Request::Challenge("abc".into()));
+        let dm = br#"{"type":"event_callback","event_id":"Ev1","event":{"type":"message",
+            "channel":"D1","user":"U1","text":"hi","ts":"1.5","channel_type":"im"}}"#;
+        let Request::Message(inbound) = parse(dm).unwrap() else {
+            panic!("not a message")
+        };
+        assert_eq!(inbound.session_key("main"), "agent:main:slack:direct:D1");
+        assert_eq!(inbound.idempotency_key(), "slack:D1:1.5");
+        let threaded = br#"{"type":"event_callback","event":{"type":"app_mention","channel":"C1",
+            "user":"U1","text":"hey","ts":"2.5","thread_ts":"1.0"}}"#;
+        let Request::Message(inbound) = parse(threaded).unwrap() else {
+            panic!("not a message")
+        };
+        assert_eq!(
+            inbound.session_key("main"),
+            "agent:main:slack:group:C1:thread:1.0"
+        );
+        let bot = br#"{"type":"event_callback","event":{"type":"message","channel":"C1",
+            "bot_id":"B1","text":"loop","ts":"3.5"}}"#;
+        assert_eq!(parse(bot).unwrap(), Request::Ignored);
+        let edit =
+            br#"{"type":"event_callback","event":{"type":"message","subtype":"message_changed",
+            "channel":"C1","ts":"4.5"}}"#;
+        assert_eq!(parse(edit).unwrap(), Request::Ignored);
+        assert!(parse(b"[]").is_err());
+    }
+
+    #[test]
+    fn lasting_errors_are_told_from_passing_ones() {
+        assert!(matches!(
+            classify("ratelimited", None),
+            SendError::Transient { .. }
+        ));
+        assert!(matches!(
+            classify("channel_not_found", None),
+            SendError::Permanent(_)
+        ));
+        assert!(matches!(
+            classify("invalid_auth", None),
+            SendError::Permanent(_)
+        ));
+    }
+}
