@@ -41,3 +41,5 @@ mod streams;
 mod telegram;
 #[cfg(test)]
 mod tracing;
+#[cfg(test)]
+mod webhook;

@@ -39,6 +39,58 @@ pub struct ChannelsConfig {
     pub telegram: TelegramConfig,
     /// `[channels.slack]`
     pub slack: SlackConfig,
+    /// `[channels.webhook.<name>]`: generic signed webhooks.
+    pub webhook: std::collections::BTreeMap<String, WebhookConfig>,
+}
+
+impl ChannelsConfig {
+    /// Checks what the types cannot: each webhook's name is a subject token and its secret set.
+    ///
+    /// # Errors
+    /// The first problem, naming the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, hook) in &self.webhook {
+            if !crate::webhook::valid_name(name) {
+                return Err(format!(
+                    "channels.webhook.{name}: a webhook name is 1 to 32 of a-z, 0-9 and _"
+                ));
+            }
+            if hook.secret.is_empty() {
+                return Err(format!(
+                    "channels.webhook.{name}.secret is required: requests and replies are signed with it"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `[channels.webhook.<name>]`: a program of your own sending messages in and taking replies.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct WebhookConfig {
+    /// The HMAC-SHA256 key both directions are signed with.
+    pub secret: Secret,
+    /// Where replies are POSTed; empty: they go on `<prefix>.deliver.webhook-<name>.<session>`.
+    pub url: String,
+    /// The agent that answers.
+    pub agent_id: String,
+    /// Longest `Retry-After` waited out in place.
+    pub max_retry_after_ms: u64,
+    /// Timeout of one POST.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            secret: Secret::default(),
+            url: String::new(),
+            agent_id: "main".to_owned(),
+            max_retry_after_ms: 30_000,
+            request_timeout_ms: 10_000,
+        }
+    }
 }
 
 /// `[channels.slack]`: a Slack app with a bot user.
@@ -126,5 +178,48 @@ impl TelegramConfig {
     /// Whether replies are posted (a token is set).
     pub fn sends(&self) -> bool {
         !self.bot_token.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_webhook_needs_a_token_name_and_a_secret() {
+        let mut config = ChannelsConfig::default();
+        config.webhook.insert(
+            "crm".into(),
+            WebhookConfig {
+                secret: "k".into(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(config.validate(), Ok(()));
+        config
+            .webhook
+            .insert("a.b".into(), WebhookConfig::default());
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .contains("channels.webhook.a.b")
+        );
+        config.webhook.remove("a.b");
+        config
+            .webhook
+            .insert("nokey".into(), WebhookConfig::default());
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .contains("channels.webhook.nokey.secret")
+        );
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug_output() {
+        let secret = Secret::from("hunter2");
+        assert_eq!(format!("{secret:?}"), "\"***\"");
     }
 }

@@ -9,9 +9,10 @@ mod chunk;
 mod config;
 pub mod slack;
 pub mod telegram;
+pub mod webhook;
 
 pub use chunk::chunk;
-pub use config::{ChannelsConfig, Secret, SlackConfig, TelegramConfig};
+pub use config::{ChannelsConfig, Secret, SlackConfig, TelegramConfig, WebhookConfig};
 
 use std::collections::HashMap;
 
@@ -58,8 +59,8 @@ pub enum Conversation {
 /// A message from a chat app, in terms every channel shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inbound {
-    /// The channel's name (`telegram`).
-    pub channel: &'static str,
+    /// The channel's name (`telegram`, `webhook-<name>`).
+    pub channel: String,
     /// Direct or group.
     pub conversation: Conversation,
     /// The chat: the person for a direct message, the group otherwise.
@@ -111,7 +112,7 @@ impl Inbound {
         InboundMessage {
             session_key: self.session_key(agent),
             idempotency_key: self.idempotency_key(),
-            channel: self.channel.to_owned(),
+            channel: self.channel.clone(),
             sender_id: self.sender,
             text: self.text,
             agent_id: agent.to_owned(),
@@ -128,7 +129,7 @@ mod tests {
 
     fn inbound(conversation: Conversation, thread: Option<&str>) -> Inbound {
         Inbound {
-            channel: "telegram",
+            channel: "telegram".to_owned(),
             conversation,
             chat: "42".into(),
             thread: thread.map(str::to_owned),

@@ -143,7 +143,7 @@ fn message(event: Event) -> Option<Inbound> {
         Conversation::Group
     };
     Some(Inbound {
-        channel: CHANNEL,
+        channel: CHANNEL.to_owned(),
         conversation,
         chat: channel,
         thread: event.thread_ts,

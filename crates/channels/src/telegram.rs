@@ -86,7 +86,7 @@ pub fn parse_update(body: &[u8]) -> Result<Option<Inbound>, UpdateError> {
         .filter(|_| message.is_topic_message)
         .map(|id| id.to_string());
     Ok(Some(Inbound {
-        channel: CHANNEL,
+        channel: CHANNEL.to_owned(),
         conversation,
         chat: message.chat.id.to_string(),
         thread,

@@ -6,7 +6,9 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agentloop_channels::{ChannelsConfig, SendError, chunk, meta, slack, telegram};
+use std::collections::HashMap;
+
+use agentloop_channels::{ChannelsConfig, SendError, chunk, meta, slack, telegram, webhook};
 use agentloop_proto::v1::OutboundMessage;
 
 use crate::failure::Failure;
@@ -19,6 +21,8 @@ const ATTEMPTS: u32 = 3;
 pub(crate) struct Apps {
     telegram: Option<(telegram::Client, Duration)>,
     slack: Option<(slack::Client, Duration)>,
+    /// By channel name (`webhook-<name>`), the webhooks with a reply URL.
+    webhooks: HashMap<String, (webhook::Client, Duration)>,
 }
 
 impl Apps {
@@ -40,6 +44,22 @@ impl Apps {
                 )),
                 false => None,
             },
+            webhooks: config
+                .webhook
+                .iter()
+                .filter(|(_, hook)| !hook.url.is_empty())
+                .map(|(name, hook)| {
+                    let client = webhook::Client::new(
+                        &hook.url,
+                        hook.secret.expose(),
+                        wait(hook.request_timeout_ms),
+                    )?;
+                    Ok((
+                        webhook::channel(name),
+                        (client, wait(hook.max_retry_after_ms)),
+                    ))
+                })
+                .collect::<Result<_, reqwest::Error>>()?,
         })
     }
 
@@ -87,10 +107,35 @@ impl Apps {
                 })
                 .await
             }
-            _ => return None,
+            _ => {
+                let (client, max_wait) = self.webhooks.get(channel)?;
+                let Some(chat) = chat else {
+                    return Some(Err(no_chat(channel)));
+                };
+                let reply = webhook::Reply {
+                    chat,
+                    thread: thread.map(String::as_str),
+                    reply_to: message.map(String::as_str),
+                    text: &outbound.text,
+                    error: &outbound.error,
+                    run_id: &outbound.run_id,
+                    session_key: &outbound.session_key,
+                };
+                let whole = [outbound.text.clone()];
+                post_pieces(channel, &whole, ledger, recent, *max_wait, |_| {
+                    client.post(&reply, unix_now())
+                })
+                .await
+            }
         };
         Some(posted)
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn no_chat(channel: &str) -> Failure {

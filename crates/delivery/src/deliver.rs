@@ -45,6 +45,8 @@ pub(crate) async fn serve(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), DeliveryError> {
+    config.channels.validate().map_err(DeliveryError::Config)?;
+    let apps = Apps::new(&config.channels).map_err(|err| DeliveryError::Config(err.to_string()))?;
     let ready = health.component(SERVICE);
     let Some(bus) = Bus::connect_retrying(&config.bus, SERVICE, &shutdown).await? else {
         return Ok(());
@@ -56,7 +58,6 @@ pub(crate) async fn serve(
     let consumer_ready = health.component(&format!("{SERVICE} consumer"));
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
-    let apps = Apps::new(&config.channels).map_err(|err| DeliveryError::Stream(Box::new(err)))?;
     let ctx = Arc::new(Ctx {
         apps,
         dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),

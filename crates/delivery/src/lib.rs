@@ -24,6 +24,9 @@ pub enum DeliveryError {
     /// The admin server could not bind.
     #[error(transparent)]
     Admin(#[from] agentloop_lifecycle::AdminError),
+    /// A `[channels]` setting cannot be served.
+    #[error("invalid channels setting: {0}")]
+    Config(String),
     /// The consumer's message stream could not be opened.
     #[error("failed to open the outbound message stream")]
     Stream(#[source] Box<dyn std::error::Error + Send + Sync>),

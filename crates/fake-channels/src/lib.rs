@@ -4,3 +4,4 @@
 
 pub mod slack;
 pub mod telegram;
+pub mod webhook;

@@ -44,6 +44,9 @@ pub enum GatewayError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A `[channels]` setting cannot be served.
+    #[error("invalid channels setting: {0}")]
+    InvalidChannels(String),
     /// A `[gateway]` setting cannot be read.
     #[error("invalid gateway.{key} entry {value:?}: {reason}")]
     InvalidSetting {

@@ -23,6 +23,7 @@ pub(crate) fn routes(state: AppState) -> Router {
         .route("/v1/chat/completions", post(crate::openai::completions))
         .route("/channels/telegram", post(crate::webhooks::telegram))
         .route("/channels/slack", post(crate::webhooks::slack))
+        .route("/channels/webhook/{name}", post(crate::webhooks::webhook))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }

@@ -61,7 +61,8 @@ impl Gateway {
     /// # Errors
     /// [`GatewayError::Bind`], [`GatewayError::MemoryUrl`] for a malformed `[memory] url`,
     /// [`GatewayError::PlaceholderToken`] for a placeholder token outside dev mode,
-    /// [`GatewayError::InvalidToken`], or [`GatewayError::InvalidSetting`].
+    /// [`GatewayError::InvalidToken`], [`GatewayError::InvalidSetting`], or
+    /// [`GatewayError::InvalidChannels`].
     pub async fn bind(config: GatewayConfig, health: Health) -> Result<Self, GatewayError> {
         if let Some(token) = config.gateway.placeholder_token() {
             return Err(GatewayError::PlaceholderToken {
@@ -71,6 +72,10 @@ impl Gateway {
         if let Some((principal, reason)) = config.gateway.token_problem() {
             return Err(GatewayError::InvalidToken { principal, reason });
         }
+        config
+            .channels
+            .validate()
+            .map_err(GatewayError::InvalidChannels)?;
         let guard = Guard::new(&config.gateway)?;
         let channel = config.memory.channel()?;
         let addr = config.gateway.listen.clone();

@@ -7,7 +7,7 @@
 
 use axum::{
     Json,
-    extract::State,
+    extract::{Path, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
@@ -15,7 +15,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use agentloop_bus::{Bus, error_chain};
-use agentloop_channels::{Inbound, slack, telegram};
+use agentloop_channels::{Inbound, slack, telegram, webhook};
 
 use crate::SERVICE;
 use crate::state::{AppState, constant_time_eq};
@@ -78,9 +78,7 @@ pub(crate) async fn slack(
             .unwrap_or_default()
             .to_owned()
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = unix_now();
     if let Err(err) = slack::verify(
         config.signing_secret.expose(),
         &header(slack::TIMESTAMP_HEADER),
@@ -107,16 +105,65 @@ pub(crate) async fn slack(
     }
 }
 
+/// `POST /channels/webhook/<name>`: a message from a program of your own, signed with the
+/// webhook's secret.
+pub(crate) async fn webhook(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(hook) = state.config.channels.webhook.get(&name) else {
+        return answer(
+            StatusCode::NOT_FOUND,
+            "no such webhook (channels.webhook.<name>)",
+        );
+    };
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    if let Err(err) = webhook::verify(
+        hook.secret.expose(),
+        &header(webhook::TIMESTAMP_HEADER),
+        &header(webhook::SIGNATURE_HEADER),
+        &body,
+        unix_now(),
+    ) {
+        tracing::warn!(webhook = %name, error = %err, "webhook request refused");
+        return answer(StatusCode::UNAUTHORIZED, &err.to_string());
+    }
+    let Ok(bus) = state.bus() else {
+        return answer(StatusCode::SERVICE_UNAVAILABLE, "not connected to NATS yet");
+    };
+    match webhook::parse(&name, &body) {
+        Ok(inbound) => publish(bus, inbound, &hook.agent_id, body).await,
+        Err(err) => {
+            let reason = keep(bus, &webhook::channel(&name), body, err.to_string()).await;
+            answer(StatusCode::BAD_REQUEST, &reason)
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// Publishes a chat app's message on `<prefix>.inbound.<channel>` under its platform id and
 /// answers 200 once the stream stored it.
 async fn publish(bus: &Bus, inbound: Inbound, agent: &str, body: Bytes) -> Response {
-    let channel = inbound.channel;
+    let channel = inbound.channel.clone();
     let mut message = inbound.into_message(agent);
-    if let Err(err) = agentloop_proto::validate_inbound(&mut message, channel) {
+    if let Err(err) = agentloop_proto::validate_inbound(&mut message, &channel) {
         // Kept, and answered 200: the app would send the same refused message again forever.
         let reason = keep(
             bus,
-            channel,
+            &channel,
             body,
             format!("{channel} message refused: {err}"),
         )
@@ -125,7 +172,7 @@ async fn publish(bus: &Bus, inbound: Inbound, agent: &str, body: Bytes) -> Respo
     }
     let msg_id = agentloop_proto::inbound_msg_id(&message.session_key, &message.idempotency_key);
     match bus
-        .publish_durable(bus.subjects().inbound(channel), &message, Some(&msg_id))
+        .publish_durable(bus.subjects().inbound(&channel), &message, Some(&msg_id))
         .await
     {
         Ok(()) => answer(StatusCode::OK, "accepted"),
