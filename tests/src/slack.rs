@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use agentloop_channels::ChannelsConfig;
 use agentloop_fake_channels::slack::{Failure, FakeSlack, signed_headers};
+use agentloop_fake_model::ScriptedReply;
 
 use crate::harness::{Sandbox, SandboxOptions};
 
@@ -23,6 +24,7 @@ async fn stack() -> (Sandbox, FakeSlack) {
     channels.slack.signing_secret = SIGNING_SECRET.into();
     channels.slack.api_base = slack.api_base();
     channels.slack.max_retry_after_ms = 5_000;
+    channels.slack.stream_edit_ms = 200;
     let sandbox = Sandbox::start_with(SandboxOptions {
         channels: Some(channels),
         ..Default::default()
@@ -222,5 +224,40 @@ async fn the_bots_own_messages_are_not_answered() {
         "a bot's message would loop: {published:?}"
     );
     assert!(slack.posted().is_empty());
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_slow_reply_is_shown_while_written_and_updated_into_the_final_text() {
+    let (sandbox, slack) = stack().await;
+    let answer = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu";
+    sandbox
+        .fake
+        .push_script(ScriptedReply::text(answer).with_chunk_delay(Duration::from_millis(80)));
+    let body = message("D5", "im", "1700000006.000600", "spell it out").to_string();
+    assert_eq!(
+        post(&sandbox, &body, SIGNING_SECRET, now()).await.status(),
+        200
+    );
+    sandbox.finished_runs(1).await.unwrap();
+    agentloop_testkit::wait_until("the final text shown", WAIT, || async {
+        (slack.chat_view() == vec![answer.to_owned()]).then_some(())
+    })
+    .await
+    .unwrap();
+    let posted = slack.posted();
+    assert_eq!(
+        posted
+            .iter()
+            .filter(|p| p.method == "chat.postMessage")
+            .count(),
+        1,
+        "{posted:?}"
+    );
+    assert!(
+        posted
+            .iter()
+            .any(|p| p.method == "chat.update" && p.accepted)
+    );
     sandbox.shutdown().await.unwrap();
 }

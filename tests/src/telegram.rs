@@ -24,6 +24,7 @@ async fn stack() -> (Sandbox, FakeTelegram) {
     channels.telegram.webhook_secret = SECRET.into();
     channels.telegram.api_base = telegram.api_base();
     channels.telegram.max_retry_after_ms = 5_000;
+    channels.telegram.stream_edit_ms = 200;
     let sandbox = Sandbox::start_with(SandboxOptions {
         channels: Some(channels),
         ..Default::default()
@@ -199,5 +200,37 @@ async fn a_malformed_update_gets_a_clear_error_and_is_kept() {
         .expect("the malformed update was not kept")
         .unwrap();
     assert_eq!(&letter.payload[..], b"{\"message\": 5}");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_slow_reply_is_shown_while_written_and_edited_into_the_final_text() {
+    let (sandbox, telegram) = stack().await;
+    let answer = "one two three four five six seven eight nine ten eleven twelve";
+    sandbox
+        .fake
+        .push_script(ScriptedReply::text(answer).with_chunk_delay(Duration::from_millis(80)));
+    let body = update(7, 16, 31, "count slowly").to_string();
+    assert_eq!(post(&sandbox, &body, Some(SECRET)).await, 200);
+    sandbox.finished_runs(1).await.unwrap();
+    agentloop_testkit::wait_until("the final text shown", WAIT, || async {
+        (telegram.chat_view() == vec![answer.to_owned()]).then_some(())
+    })
+    .await
+    .unwrap();
+    let sent = telegram.sent();
+    let posts = sent.iter().filter(|s| s.method == "sendMessage").count();
+    let edits: Vec<_> = sent
+        .iter()
+        .filter(|s| s.method == "editMessageText" && s.accepted)
+        .collect();
+    assert_eq!(posts, 1, "one message, edited in place: {sent:?}");
+    assert!(!edits.is_empty(), "the message was never edited: {sent:?}");
+    // The first post showed part of the answer, before the model had finished.
+    let first = sent[0].body["text"].as_str().unwrap();
+    assert!(
+        answer.starts_with(first) && first.len() < answer.len(),
+        "{first:?}"
+    );
     sandbox.shutdown().await.unwrap();
 }

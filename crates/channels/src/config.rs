@@ -109,6 +109,8 @@ pub struct SlackConfig {
     pub max_retry_after_ms: u64,
     /// Timeout of one Web API call.
     pub request_timeout_ms: u64,
+    /// As `channels.telegram.stream_edit_ms`, with `chat.update`.
+    pub stream_edit_ms: u64,
 }
 
 impl Default for SlackConfig {
@@ -120,6 +122,7 @@ impl Default for SlackConfig {
             agent_id: "main".to_owned(),
             max_retry_after_ms: 30_000,
             request_timeout_ms: 10_000,
+            stream_edit_ms: 1_000,
         }
     }
 }
@@ -154,6 +157,9 @@ pub struct TelegramConfig {
     pub max_retry_after_ms: u64,
     /// Timeout of one Bot API call.
     pub request_timeout_ms: u64,
+    /// While a reply is written, its message is edited in place at most this often
+    /// (milliseconds); `0`: only the final reply is posted.
+    pub stream_edit_ms: u64,
 }
 
 impl Default for TelegramConfig {
@@ -165,6 +171,7 @@ impl Default for TelegramConfig {
             agent_id: "main".to_owned(),
             max_retry_after_ms: 30_000,
             request_timeout_ms: 10_000,
+            stream_edit_ms: 1_000,
         }
     }
 }

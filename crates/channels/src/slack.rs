@@ -166,6 +166,8 @@ struct Answer {
     ok: bool,
     #[serde(default)]
     error: String,
+    #[serde(default)]
+    ts: String,
 }
 
 impl Client {
@@ -184,7 +186,8 @@ impl Client {
         })
     }
 
-    /// Posts `text` to `channel`, in `thread` when given, with `chat.postMessage`.
+    /// Posts `text` to `channel`, in `thread` when given, with `chat.postMessage`, and returns
+    /// the new message's `ts`.
     ///
     /// # Errors
     /// [`SendError`], told transient from permanent.
@@ -193,16 +196,30 @@ impl Client {
         channel: &str,
         thread: Option<&str>,
         text: &str,
-    ) -> Result<(), SendError> {
+    ) -> Result<String, SendError> {
         let mut body = json!({"channel": channel, "text": text});
         if let Some(thread) = thread {
             body["thread_ts"] = json!(thread);
         }
+        let answer = self.call("chat.postMessage", &body).await?;
+        Ok(answer.ts)
+    }
+
+    /// Replaces the text of the bot's message `ts` in `channel` with `chat.update`.
+    ///
+    /// # Errors
+    /// [`SendError`], told transient from permanent.
+    pub async fn update(&self, channel: &str, ts: &str, text: &str) -> Result<(), SendError> {
+        let body = json!({"channel": channel, "ts": ts, "text": text});
+        self.call("chat.update", &body).await.map(drop)
+    }
+
+    async fn call(&self, method: &str, body: &serde_json::Value) -> Result<Answer, SendError> {
         let response = self
             .http
-            .post(format!("{}/api/chat.postMessage", self.base))
+            .post(format!("{}/api/{method}", self.base))
             .bearer_auth(&self.token)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .map_err(|err| SendError::Transient {
@@ -227,7 +244,7 @@ impl Client {
             retry_after: None,
         })?;
         match serde_json::from_slice::<Answer>(&bytes) {
-            Ok(answer) if answer.ok => Ok(()),
+            Ok(answer) if answer.ok => Ok(answer),
             Ok(answer) => Err(classify(&answer.error, retry_after)),
             Err(_) if status >= 500 => Err(SendError::Transient {
                 reason: format!("HTTP {status}"),

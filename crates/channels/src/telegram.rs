@@ -119,6 +119,8 @@ pub struct Client {
 struct Answer {
     ok: bool,
     #[serde(default)]
+    result: serde_json::Value,
+    #[serde(default)]
     error_code: u16,
     #[serde(default)]
     description: String,
@@ -150,26 +152,58 @@ impl Client {
         })
     }
 
-    /// Posts `text` (at most [`MAX_MESSAGE`] units) to `target` with `sendMessage`.
+    /// Posts `text` (at most [`MAX_MESSAGE`] units) to `target` with `sendMessage` and returns
+    /// the new message's id.
     ///
     /// # Errors
     /// [`SendError`], told transient from permanent.
-    pub async fn send_message(&self, target: &Target, text: &str) -> Result<(), SendError> {
-        // Ids are integers on the wire; they came from Telegram as integers.
-        let number = |id: &String| id.parse::<i64>().ok();
-        let mut body = json!({"text": text});
-        body["chat_id"] = number(&target.chat).map_or_else(|| json!(target.chat), |id| json!(id));
-        if let Some(thread) = target.thread.as_ref().and_then(number) {
+    pub async fn send_message(&self, target: &Target, text: &str) -> Result<String, SendError> {
+        let mut body = json!({"text": text, "chat_id": id_value(&target.chat)});
+        if let Some(thread) = target.thread.as_deref().and_then(number) {
             body["message_thread_id"] = json!(thread);
         }
-        if let Some(reply_to) = target.reply_to.as_ref().and_then(number) {
+        if let Some(reply_to) = target.reply_to.as_deref().and_then(number) {
             body["reply_parameters"] =
                 json!({"message_id": reply_to, "allow_sending_without_reply": true});
         }
+        let result = self.call("sendMessage", &body).await?;
+        Ok(result["message_id"]
+            .as_i64()
+            .map(|id| id.to_string())
+            .unwrap_or_default())
+    }
+
+    /// Replaces the text of the bot's message `message_id` in `chat` with `editMessageText`.
+    /// An unchanged text counts as done.
+    ///
+    /// # Errors
+    /// [`SendError`], told transient from permanent.
+    pub async fn edit_message_text(
+        &self,
+        chat: &str,
+        message_id: &str,
+        text: &str,
+    ) -> Result<(), SendError> {
+        let body =
+            json!({"chat_id": id_value(chat), "message_id": id_value(message_id), "text": text});
+        match self.call("editMessageText", &body).await {
+            Err(SendError::Permanent(reason)) if reason.contains("message is not modified") => {
+                Ok(())
+            }
+            other => other.map(drop),
+        }
+    }
+
+    /// Calls `method` and returns its `result`.
+    async fn call(
+        &self,
+        method: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value, SendError> {
         let response = self
             .http
-            .post(format!("{}/sendMessage", self.base))
-            .json(&body)
+            .post(format!("{}/{method}", self.base))
+            .json(body)
             .send()
             .await
             // The URL holds the token: never in an error.
@@ -183,7 +217,7 @@ impl Client {
             retry_after: None,
         })?;
         match serde_json::from_slice::<Answer>(&bytes) {
-            Ok(answer) if answer.ok => Ok(()),
+            Ok(answer) if answer.ok => Ok(answer.result),
             Ok(answer) => Err(classify(
                 if answer.error_code == 0 {
                     status
@@ -200,6 +234,15 @@ impl Client {
             )),
         }
     }
+}
+
+/// Ids are integers on the wire; they came from Telegram as integers.
+fn number(id: &str) -> Option<i64> {
+    id.parse().ok()
+}
+
+fn id_value(id: &str) -> serde_json::Value {
+    number(id).map_or_else(|| json!(id), |n| json!(n))
 }
 
 /// Tells a failed call's kind from its error code: 429 and 5xx pass, the rest does not.

@@ -23,7 +23,13 @@ pub(crate) struct Apps {
     slack: Option<(slack::Client, Duration)>,
     /// By channel name (`webhook-<name>`), the webhooks with a reply URL.
     webhooks: HashMap<String, (webhook::Client, Duration)>,
+    /// By run, the app message edited in place while its reply is written. Kept by the replica
+    /// that posted it: a later piece handled by another replica posts a message of its own.
+    streamed: Mutex<HashMap<String, String>>,
 }
+
+/// Runs whose streamed message is remembered at most (the map starts over beyond).
+const STREAMED_CAPACITY: usize = 10_000;
 
 impl Apps {
     /// The apps `config` turns on.
@@ -60,6 +66,7 @@ impl Apps {
                     ))
                 })
                 .collect::<Result<_, reqwest::Error>>()?,
+            streamed: Mutex::default(),
         })
     }
 
@@ -72,6 +79,16 @@ impl Apps {
         recent: &Mutex<Recent>,
     ) -> Option<Result<(), Failure>> {
         let channel = outbound.channel.as_str();
+        if !outbound.r#final {
+            return self.progress(outbound).await;
+        }
+        // Forgotten only once the final reply is posted: a retry edits the same message.
+        let streamed = self
+            .streamed
+            .lock()
+            .ok()
+            .and_then(|s| s.get(&outbound.run_id).cloned());
+        let streamed = streamed.as_deref();
         let chat = outbound.metadata.get(meta::CHAT);
         let group = outbound.metadata.contains_key(meta::GROUP);
         let thread = outbound.metadata.get(meta::THREAD);
@@ -89,9 +106,23 @@ impl Apps {
                     reply_to: message.filter(|_| group).cloned(),
                 };
                 let pieces = chunk(&outbound.text, telegram::MAX_MESSAGE);
-                post_pieces(channel, &pieces, ledger, recent, *max_wait, |piece| {
-                    client.send_message(&target, piece)
-                })
+                let target = &target;
+                post_pieces(
+                    channel,
+                    &pieces,
+                    ledger,
+                    recent,
+                    *max_wait,
+                    |i, piece| async move {
+                        match (i, streamed) {
+                            // The message shown while the reply was written becomes its first piece.
+                            (0, Some(id)) => {
+                                client.edit_message_text(&target.chat, id, piece).await
+                            }
+                            _ => client.send_message(target, piece).await.map(drop),
+                        }
+                    },
+                )
                 .await
             }
             slack::CHANNEL => {
@@ -102,9 +133,19 @@ impl Apps {
                 // In a channel, the answer goes in the thread of the message it answers.
                 let thread = thread.or(message.filter(|_| group)).map(String::as_str);
                 let pieces = chunk(&outbound.text, slack::MAX_MESSAGE);
-                post_pieces(channel, &pieces, ledger, recent, *max_wait, |piece| {
-                    client.post_message(chat, thread, piece)
-                })
+                post_pieces(
+                    channel,
+                    &pieces,
+                    ledger,
+                    recent,
+                    *max_wait,
+                    |i, piece| async move {
+                        match (i, streamed) {
+                            (0, Some(ts)) => client.update(chat, ts, piece).await,
+                            _ => client.post_message(chat, thread, piece).await.map(drop),
+                        }
+                    },
+                )
                 .await
             }
             _ => {
@@ -122,13 +163,87 @@ impl Apps {
                     session_key: &outbound.session_key,
                 };
                 let whole = [outbound.text.clone()];
-                post_pieces(channel, &whole, ledger, recent, *max_wait, |_| {
+                post_pieces(channel, &whole, ledger, recent, *max_wait, |_, _| {
                     client.post(&reply, unix_now())
                 })
                 .await
             }
         };
+        if posted.is_ok()
+            && let Ok(mut streamed) = self.streamed.lock()
+        {
+            streamed.remove(&outbound.run_id);
+        }
         Some(posted)
+    }
+}
+
+impl Apps {
+    /// Shows the reply so far: the first progress of a run posts a message, later ones edit
+    /// it. `None` for a channel that is no app configured here. Never an error: a lost
+    /// progress is superseded by the next one or by the final reply.
+    async fn progress(&self, outbound: &OutboundMessage) -> Option<Result<(), Failure>> {
+        let channel = outbound.channel.as_str();
+        let chat = outbound.metadata.get(meta::CHAT)?;
+        let thread = outbound.metadata.get(meta::THREAD);
+        let group = outbound.metadata.contains_key(meta::GROUP);
+        let message = outbound.metadata.get(meta::MESSAGE);
+        let max = match channel {
+            telegram::CHANNEL => telegram::MAX_MESSAGE,
+            slack::CHANNEL => slack::MAX_MESSAGE,
+            _ => return self.webhooks.get(channel).map(|_| Ok(())),
+        };
+        // While it is written, the first piece is shown; the final reply adds the rest.
+        let shown = chunk(&outbound.text, max).into_iter().next()?;
+        let known = self
+            .streamed
+            .lock()
+            .ok()
+            .and_then(|s| s.get(&outbound.run_id).cloned());
+        let posted = match (channel, known) {
+            (telegram::CHANNEL, known) => {
+                let (client, _) = self.telegram.as_ref()?;
+                match known {
+                    Some(id) => client
+                        .edit_message_text(chat, &id, &shown)
+                        .await
+                        .map(|()| id),
+                    None => {
+                        let target = telegram::Target {
+                            chat: chat.clone(),
+                            thread: thread.cloned(),
+                            reply_to: message.filter(|_| group).cloned(),
+                        };
+                        client.send_message(&target, &shown).await
+                    }
+                }
+            }
+            (_, known) => {
+                let (client, _) = self.slack.as_ref()?;
+                match known {
+                    Some(ts) => client.update(chat, &ts, &shown).await.map(|()| ts),
+                    None => {
+                        let thread = thread.or(message.filter(|_| group)).map(String::as_str);
+                        client.post_message(chat, thread, &shown).await
+                    }
+                }
+            }
+        };
+        match posted {
+            Ok(id) if !id.is_empty() => {
+                if let Ok(mut streamed) = self.streamed.lock() {
+                    if streamed.len() >= STREAMED_CAPACITY {
+                        streamed.clear();
+                    }
+                    streamed.insert(outbound.run_id.clone(), id);
+                }
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::info!(channel, run_id = %outbound.run_id, error = %err, "the reply so far was not shown; the final one follows");
+            }
+        }
+        Some(Ok(()))
     }
 }
 
@@ -154,7 +269,7 @@ async fn post_pieces<'a, F, Fut>(
     mut send: F,
 ) -> Result<(), Failure>
 where
-    F: FnMut(&'a str) -> Fut,
+    F: FnMut(usize, &'a str) -> Fut,
     Fut: Future<Output = Result<(), SendError>>,
 {
     for (i, piece) in pieces.iter().enumerate() {
@@ -166,7 +281,7 @@ where
         }
         let mut attempt = 1;
         loop {
-            match send(piece).await {
+            match send(i, piece).await {
                 Ok(()) => break,
                 Err(SendError::Permanent(reason)) => {
                     return Err(Failure::Permanent(format!("{channel}: {reason}")));

@@ -29,9 +29,11 @@ pub enum Failure {
     ChannelNotFound,
 }
 
-/// A `chat.postMessage` call as received.
+/// A `chat.postMessage` or `chat.update` call as received.
 #[derive(Debug, Clone)]
 pub struct Posted {
+    /// `chat.postMessage` or `chat.update`.
+    pub method: &'static str,
     /// The request's JSON body.
     pub body: Value,
     /// Whether it was answered `ok`.
@@ -43,6 +45,8 @@ struct Shared {
     failures: VecDeque<Failure>,
     posted: Vec<Posted>,
     next_ts: u64,
+    /// The bot's messages as they read now, by ts.
+    messages: std::collections::BTreeMap<String, String>,
 }
 
 /// A running fake Slack Web API; stops when dropped.
@@ -61,6 +65,7 @@ impl FakeSlack {
         let shared = Arc::new(Mutex::new(Shared::default()));
         let app = Router::new()
             .route("/api/chat.postMessage", post(post_message))
+            .route("/api/chat.update", post(update))
             .with_state((token.to_owned(), shared.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -91,11 +96,16 @@ impl FakeSlack {
         self.lock().posted.clone()
     }
 
-    /// The texts of the accepted messages, in order.
+    /// The bot's messages as a user sees them now (updates applied), oldest first.
+    pub fn chat_view(&self) -> Vec<String> {
+        self.lock().messages.values().cloned().collect()
+    }
+
+    /// The texts of the accepted `chat.postMessage` calls, in order.
     pub fn delivered_texts(&self) -> Vec<String> {
         self.posted()
             .iter()
-            .filter(|p| p.accepted)
+            .filter(|p| p.accepted && p.method == "chat.postMessage")
             .filter_map(|p| p.body["text"].as_str().map(str::to_owned))
             .collect()
     }
@@ -160,6 +170,8 @@ async fn post_message(
         None => {
             shared.next_ts += 1;
             let ts = format!("1700000000.{:06}", shared.next_ts);
+            let text = body["text"].as_str().unwrap_or_default().to_owned();
+            shared.messages.insert(ts.clone(), text);
             let answer = Json(
                 json!({"ok": true, "channel": body["channel"].clone(), "ts": ts,
                                      "message": {"text": body["text"].clone(), "ts": ts}}),
@@ -167,7 +179,45 @@ async fn post_message(
             (answer.into_response(), true)
         }
     };
-    shared.posted.push(Posted { body, accepted });
+    shared.posted.push(Posted {
+        method: "chat.postMessage",
+        body,
+        accepted,
+    });
+    answer
+}
+
+async fn update(
+    State((token, shared)): State<AppState>,
+    headers: HeaderMap,
+    body: Option<Json<Value>>,
+) -> Response {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if bearer != Some(token.as_str()) {
+        return refusal("invalid_auth");
+    }
+    let Some(Json(body)) = body else {
+        return refusal("invalid_arguments");
+    };
+    let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    let ts = body["ts"].as_str().unwrap_or_default().to_owned();
+    let text = body["text"].as_str().unwrap_or_default().to_owned();
+    let (answer, accepted) = if shared.messages.contains_key(&ts) {
+        shared.messages.insert(ts.clone(), text.clone());
+        let answer =
+            Json(json!({"ok": true, "channel": body["channel"].clone(), "ts": ts, "text": text}));
+        (answer.into_response(), true)
+    } else {
+        (refusal("message_not_found"), false)
+    };
+    shared.posted.push(Posted {
+        method: "chat.update",
+        body,
+        accepted,
+    });
     answer
 }
 

@@ -1,4 +1,5 @@
-//! A fake Telegram Bot API: `POST /bot<token>/sendMessage` answered as Telegram does, with the
+//! A fake Telegram Bot API: `POST /bot<token>/sendMessage` and `editMessageText` answered as
+//! Telegram does, with the
 //! bot's token checked, every accepted message recorded and failures scripted in advance.
 
 use std::collections::VecDeque;
@@ -26,9 +27,11 @@ pub enum Failure {
     ChatNotFound,
 }
 
-/// A `sendMessage` call as received.
+/// A `sendMessage` or `editMessageText` call as received.
 #[derive(Debug, Clone)]
 pub struct Sent {
+    /// `sendMessage` or `editMessageText`.
+    pub method: String,
     /// The request's JSON body.
     pub body: Value,
     /// Whether it was answered `ok`.
@@ -40,6 +43,8 @@ struct Shared {
     failures: VecDeque<Failure>,
     sent: Vec<Sent>,
     next_id: i64,
+    /// The bot's messages as they read now, by id.
+    messages: std::collections::BTreeMap<i64, String>,
 }
 
 /// A running fake Bot API; stops when dropped.
@@ -95,13 +100,18 @@ impl FakeTelegram {
         self.lock().sent.clone()
     }
 
-    /// The texts of the accepted messages, in order.
+    /// The texts of the accepted `sendMessage` calls, in order.
     pub fn delivered_texts(&self) -> Vec<String> {
         self.sent()
             .iter()
-            .filter(|s| s.accepted)
+            .filter(|s| s.accepted && s.method == "sendMessage")
             .filter_map(|s| s.body["text"].as_str().map(str::to_owned))
             .collect()
+    }
+
+    /// The bot's messages as a user sees them now (edits applied), oldest first.
+    pub fn chat_view(&self) -> Vec<String> {
+        self.lock().messages.values().cloned().collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
@@ -125,7 +135,7 @@ async fn call(
     if bot.strip_prefix("bot") != Some(token.as_str()) {
         return error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
     }
-    if method != "sendMessage" {
+    if method != "sendMessage" && method != "editMessageText" {
         return error(StatusCode::NOT_FOUND, "Not Found", None);
     }
     let Some(Json(body)) = body else {
@@ -157,10 +167,33 @@ async fn call(
             "Bad Request: message is too long",
             None,
         ),
+        None if method == "editMessageText" => {
+            let id = body["message_id"].as_i64().unwrap_or_default();
+            match shared.messages.get(&id) {
+                None => error(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: message to edit not found",
+                    None,
+                ),
+                Some(old) if old == text => error(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
+                    None,
+                ),
+                Some(_) => {
+                    shared.messages.insert(id, text.to_owned());
+                    let result = json!({"message_id": id, "date": 1_700_000_000, "edit_date": 1_700_000_001,
+                                        "chat": {"id": body["chat_id"].clone(), "type": "private"}, "text": text});
+                    (StatusCode::OK, Json(json!({"ok": true, "result": result}))).into_response()
+                }
+            }
+        }
         None => {
             shared.next_id += 1;
+            let id = shared.next_id;
+            shared.messages.insert(id, text.to_owned());
             let result = json!({
-                "message_id": shared.next_id,
+                "message_id": id,
                 "date": 1_700_000_000,
                 "chat": {"id": body["chat_id"].clone(), "type": "private"},
                 "text": text,
@@ -169,7 +202,11 @@ async fn call(
         }
     };
     let accepted = answer.status() == StatusCode::OK;
-    shared.sent.push(Sent { body, accepted });
+    shared.sent.push(Sent {
+        method,
+        body,
+        accepted,
+    });
     answer
 }
 

@@ -55,7 +55,7 @@ pub(crate) async fn telegram(
             return answer(StatusCode::BAD_REQUEST, &reason);
         }
     };
-    publish(bus, inbound, &config.agent_id, body).await
+    publish(bus, inbound, &config.agent_id, config.stream_edit_ms, body).await
 }
 
 /// `POST /channels/slack`: a Slack Events API request.
@@ -97,7 +97,9 @@ pub(crate) async fn slack(
             (StatusCode::OK, Json(json!({"challenge": challenge}))).into_response()
         }
         Ok(slack::Request::Ignored) => answer(StatusCode::OK, "nothing to answer"),
-        Ok(slack::Request::Message(inbound)) => publish(bus, inbound, &config.agent_id, body).await,
+        Ok(slack::Request::Message(inbound)) => {
+            publish(bus, inbound, &config.agent_id, config.stream_edit_ms, body).await
+        }
         Err(err) => {
             let reason = keep(bus, slack::CHANNEL, body, err.to_string()).await;
             answer(StatusCode::BAD_REQUEST, &reason)
@@ -140,7 +142,7 @@ pub(crate) async fn webhook(
         return answer(StatusCode::SERVICE_UNAVAILABLE, "not connected to NATS yet");
     };
     match webhook::parse(&name, &body) {
-        Ok(inbound) => publish(bus, inbound, &hook.agent_id, body).await,
+        Ok(inbound) => publish(bus, inbound, &hook.agent_id, 0, body).await,
         Err(err) => {
             let reason = keep(bus, &webhook::channel(&name), body, err.to_string()).await;
             answer(StatusCode::BAD_REQUEST, &reason)
@@ -155,10 +157,23 @@ fn unix_now() -> u64 {
 }
 
 /// Publishes a chat app's message on `<prefix>.inbound.<channel>` under its platform id and
-/// answers 200 once the stream stored it.
-async fn publish(bus: &Bus, inbound: Inbound, agent: &str, body: Bytes) -> Response {
+/// answers 200 once the stream stored it. `stream_ms`: how often the app's message is edited
+/// while the reply is written (`0`: never).
+async fn publish(
+    bus: &Bus,
+    inbound: Inbound,
+    agent: &str,
+    stream_ms: u64,
+    body: Bytes,
+) -> Response {
     let channel = inbound.channel.clone();
     let mut message = inbound.into_message(agent);
+    if stream_ms > 0 {
+        message.metadata.insert(
+            agentloop_proto::META_STREAM_EVERY_MS.to_owned(),
+            stream_ms.to_string(),
+        );
+    }
     if let Err(err) = agentloop_proto::validate_inbound(&mut message, &channel) {
         // Kept, and answered 200: the app would send the same refused message again forever.
         let reason = keep(

@@ -28,6 +28,11 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/agentloop.v1.serde.rs"));
 }
 
+/// The InboundMessage metadata key by which a channel asks for the reply while it is being
+/// written: the runner then publishes the text so far as a non-final OutboundMessage at most
+/// this often (milliseconds), for channels that edit a message in place.
+pub const META_STREAM_EVERY_MS: &str = "channel.stream_ms";
+
 /// Returns the current time as a protobuf timestamp.
 pub fn now() -> pbjson_types::Timestamp {
     let now = chrono::Utc::now();

@@ -265,6 +265,9 @@ impl RunCtx<'_> {
         // the text before it is not lost from the events).
         let mut held: Option<Result<StreamEvent, ModelError>> = None;
         let mut ended = false;
+        // A channel that edits its message in place gets the text so far, at most this often.
+        let progress_every = self.progress_every();
+        let mut last_progress = tokio::time::Instant::now();
         loop {
             let event = match held.take() {
                 Some(event) => event?,
@@ -306,6 +309,12 @@ impl RunCtx<'_> {
                     }
                     self.events.delta(&delta).await;
                     text.push_str(&delta);
+                    if let Some(every) = progress_every
+                        && last_progress.elapsed() >= every
+                    {
+                        last_progress = tokio::time::Instant::now();
+                        self.progress(&text).await;
+                    }
                 }
                 StreamEvent::ToolCall(call) => calls.push(call),
                 StreamEvent::Done { usage: used, .. } => {

@@ -42,6 +42,44 @@ fn already_sent(sends: &[SentMessage], channel: &str, text: &str) -> bool {
 }
 
 impl RunCtx<'_> {
+    /// How often the run's channel wants the reply so far (`None`: only the final one).
+    pub(super) fn progress_every(&self) -> Option<std::time::Duration> {
+        self.command
+            .metadata
+            .get(agentloop_proto::META_STREAM_EVERY_MS)
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map(std::time::Duration::from_millis)
+    }
+
+    /// Publishes the reply so far as a non-final OutboundMessage (for a channel that edits a
+    /// message in place). Not retried: the next one or the final reply supersedes it.
+    pub(super) async fn progress(&self, text: &str) {
+        if agentloop_proto::NO_REPLY.starts_with(text.trim()) {
+            // Perhaps the start of a NO_REPLY: nothing to show yet.
+            return;
+        }
+        let command = self.command;
+        let progress = OutboundMessage {
+            run_id: self.run.id.clone(),
+            session_key: command.session_key.clone(),
+            channel: command.channel.clone(),
+            recipient: command.sender_id.clone(),
+            text: text.to_owned(),
+            r#final: false,
+            reply_to_id: command.message_id.clone(),
+            session_id: self.session_id.to_owned(),
+            metadata: command.metadata.clone(),
+            ts: Some(agentloop_proto::now()),
+            ..Default::default()
+        };
+        let bus = &self.replica.bus;
+        let subject = bus.subjects().outbound(&command.channel);
+        if let Err(err) = bus.publish_durable(subject, &progress, None).await {
+            tracing::warn!(run_id = %self.run.id, error = %agentloop_bus::error_chain(&err), "the reply so far was not published; the final one follows");
+        }
+    }
+
     /// Publishes the run's final reply.
     pub(super) async fn reply(&self, outcome: &Outcome) {
         self.reply_as(outcome, RunMessage::Final).await;
