@@ -193,12 +193,24 @@ async fn a_forged_webhook_is_refused_and_reaches_nothing() {
 #[tokio::test]
 async fn a_malformed_update_gets_a_clear_error_and_is_kept() {
     let (sandbox, _telegram) = stack().await;
-    let mut dead = sandbox.subscribe("dlq.>").await;
     assert_eq!(post(&sandbox, "{\"message\": 5}", Some(SECRET)).await, 400);
-    let letter = tokio::time::timeout(WAIT, dead.next())
-        .await
-        .expect("the malformed update was not kept")
-        .unwrap();
+    // Kept in the dead-letter stream (read from the stream, not caught in flight).
+    let js = async_nats::jetstream::new(sandbox.client.clone());
+    let stream = format!("{}_DLQ", sandbox.prefix.to_uppercase());
+    let subject = sandbox.subject(&format!("dlq.{}", sandbox.subject("inbound.telegram")));
+    let letter = agentloop_testkit::wait_until("the update kept", WAIT, || {
+        let (js, stream, subject) = (js.clone(), stream.clone(), subject.clone());
+        async move {
+            js.get_stream(&stream)
+                .await
+                .ok()?
+                .get_last_raw_message_by_subject(&subject)
+                .await
+                .ok()
+        }
+    })
+    .await
+    .unwrap();
     assert_eq!(&letter.payload[..], b"{\"message\": 5}");
     sandbox.shutdown().await.unwrap();
 }
@@ -232,5 +244,44 @@ async fn a_slow_reply_is_shown_while_written_and_edited_into_the_final_text() {
         answer.starts_with(first) && first.len() < answer.len(),
         "{first:?}"
     );
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_bot_without_a_public_address_takes_messages_by_long_polling() {
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let mut channels = ChannelsConfig::default();
+    channels.telegram.bot_token = TOKEN.into();
+    channels.telegram.api_base = telegram.api_base();
+    channels.telegram.poll = true;
+    channels.telegram.poll_timeout_s = 1;
+    let sandbox = Sandbox::start_with(SandboxOptions {
+        channels: Some(channels),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // The webhook is off without its secret.
+    let body = update(20, 30, 55, "by webhook").to_string();
+    assert_eq!(post(&sandbox, &body, Some("")).await, 404);
+
+    telegram.push_update(update(21, 31, 55, "polled hello"));
+    assert_eq!(delivered(&telegram, 1).await, vec!["echo: polled hello"]);
+    agentloop_testkit::wait_until("the update confirmed", WAIT, || async {
+        (telegram.confirmed_offset() >= 22).then_some(())
+    })
+    .await
+    .unwrap();
+    // The same message handed out again under a new update id is one message.
+    telegram.push_update(update(22, 31, 55, "polled hello"));
+    agentloop_testkit::wait_until("the repeat confirmed", WAIT, || async {
+        (telegram.confirmed_offset() >= 23).then_some(())
+    })
+    .await
+    .unwrap();
+    sandbox.finished_runs(1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(runs(&sandbox).await, 1);
+    assert_eq!(telegram.delivered_texts().len(), 1);
     sandbox.shutdown().await.unwrap();
 }

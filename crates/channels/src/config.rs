@@ -160,6 +160,11 @@ pub struct TelegramConfig {
     /// While a reply is written, its message is edited in place at most this often
     /// (milliseconds); `0`: only the final reply is posted.
     pub stream_edit_ms: u64,
+    /// Takes messages in by long polling (`getUpdates`) instead of the webhook: no public
+    /// address needed. One gateway replica only (Telegram serves one poller per bot).
+    pub poll: bool,
+    /// How long one `getUpdates` waits for a message (seconds).
+    pub poll_timeout_s: u64,
 }
 
 impl Default for TelegramConfig {
@@ -172,11 +177,18 @@ impl Default for TelegramConfig {
             max_retry_after_ms: 30_000,
             request_timeout_ms: 10_000,
             stream_edit_ms: 1_000,
+            poll: false,
+            poll_timeout_s: 25,
         }
     }
 }
 
 impl TelegramConfig {
+    /// Whether the gateway long-polls for messages (polling asked for and a token set).
+    pub fn polls(&self) -> bool {
+        self.poll && self.sends()
+    }
+
     /// Whether the webhook is served (a secret is set).
     pub fn receives(&self) -> bool {
         !self.webhook_secret.is_empty()

@@ -194,16 +194,53 @@ impl Client {
         }
     }
 
+    /// Long-polls `getUpdates` from `offset` (confirming every update before it), waiting up
+    /// to `wait` for one; returns each update's id and its JSON, as a webhook would get it.
+    ///
+    /// # Errors
+    /// [`SendError`]: a `409 Conflict` (a webhook is set, or another poller runs) and a bad
+    /// token are lasting.
+    pub async fn get_updates(
+        &self,
+        offset: i64,
+        wait: Duration,
+    ) -> Result<Vec<(i64, Vec<u8>)>, SendError> {
+        let body =
+            json!({"offset": offset, "timeout": wait.as_secs(), "allowed_updates": ["message"]});
+        let result = self
+            .call_with("getUpdates", &body, Some(wait + Duration::from_secs(10)))
+            .await?;
+        let updates = result.as_array().cloned().unwrap_or_default();
+        Ok(updates
+            .into_iter()
+            .filter_map(|update| {
+                let id = update["update_id"].as_i64()?;
+                Some((id, serde_json::to_vec(&update).ok()?))
+            })
+            .collect())
+    }
+
     /// Calls `method` and returns its `result`.
     async fn call(
         &self,
         method: &str,
         body: &serde_json::Value,
     ) -> Result<serde_json::Value, SendError> {
-        let response = self
-            .http
-            .post(format!("{}/{method}", self.base))
-            .json(body)
+        self.call_with(method, body, None).await
+    }
+
+    /// [`Client::call`] with its own timeout (a long poll outlasts the client's).
+    async fn call_with(
+        &self,
+        method: &str,
+        body: &serde_json::Value,
+        timeout: Option<Duration>,
+    ) -> Result<serde_json::Value, SendError> {
+        let mut request = self.http.post(format!("{}/{method}", self.base)).json(body);
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
+        let response = request
             .send()
             .await
             // The URL holds the token: never in an error.

@@ -45,6 +45,10 @@ struct Shared {
     next_id: i64,
     /// The bot's messages as they read now, by id.
     messages: std::collections::BTreeMap<i64, String>,
+    /// Updates for `getUpdates`, until confirmed by a later offset.
+    updates: Vec<Value>,
+    /// The highest offset a `getUpdates` confirmed.
+    confirmed: i64,
 }
 
 /// A running fake Bot API; stops when dropped.
@@ -52,6 +56,7 @@ pub struct FakeTelegram {
     addr: SocketAddr,
     token: String,
     shared: Arc<Mutex<Shared>>,
+    arrived: Arc<tokio::sync::Notify>,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -62,9 +67,10 @@ impl FakeTelegram {
     /// When no port can be bound.
     pub async fn start(token: &str) -> Self {
         let shared = Arc::new(Mutex::new(Shared::default()));
+        let arrived = Arc::new(tokio::sync::Notify::new());
         let app = Router::new()
             .route("/{bot}/{method}", post(call))
-            .with_state((token.to_owned(), shared.clone()));
+            .with_state((token.to_owned(), shared.clone(), arrived.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a free loopback port");
@@ -76,6 +82,7 @@ impl FakeTelegram {
             addr,
             token: token.to_owned(),
             shared,
+            arrived,
             server,
         }
     }
@@ -88,6 +95,17 @@ impl FakeTelegram {
     /// The token it accepts.
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// Queues an update for `getUpdates` (as a user writing to the bot).
+    pub fn push_update(&self, update: Value) {
+        self.lock().updates.push(update);
+        self.arrived.notify_waiters();
+    }
+
+    /// The offset the last `getUpdates` confirmed (updates below it are done).
+    pub fn confirmed_offset(&self) -> i64 {
+        self.lock().confirmed
     }
 
     /// Makes the next calls fail, in order.
@@ -125,15 +143,19 @@ impl Drop for FakeTelegram {
     }
 }
 
-type AppState = (String, Arc<Mutex<Shared>>);
+type AppState = (String, Arc<Mutex<Shared>>, Arc<tokio::sync::Notify>);
 
 async fn call(
-    State((token, shared)): State<AppState>,
+    State((token, shared, arrived)): State<AppState>,
     Path((bot, method)): Path<(String, String)>,
     body: Option<Json<Value>>,
 ) -> Response {
     if bot.strip_prefix("bot") != Some(token.as_str()) {
         return error(StatusCode::UNAUTHORIZED, "Unauthorized", None);
+    }
+    if method == "getUpdates" {
+        let body = body.map(|Json(b)| b).unwrap_or_default();
+        return get_updates(&shared, &arrived, &body).await;
     }
     if method != "sendMessage" && method != "editMessageText" {
         return error(StatusCode::NOT_FOUND, "Not Found", None);
@@ -208,6 +230,32 @@ async fn call(
         accepted,
     });
     answer
+}
+
+/// Answers the updates from `offset` on, waiting up to `timeout` seconds for one.
+async fn get_updates(
+    shared: &Mutex<Shared>,
+    arrived: &tokio::sync::Notify,
+    body: &Value,
+) -> Response {
+    let offset = body["offset"].as_i64().unwrap_or(0);
+    let wait = std::time::Duration::from_secs(body["timeout"].as_u64().unwrap_or(0));
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let notified = arrived.notified();
+        {
+            let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
+            shared.confirmed = shared.confirmed.max(offset);
+            shared
+                .updates
+                .retain(|u| u["update_id"].as_i64().unwrap_or(0) >= offset);
+            if !shared.updates.is_empty() || tokio::time::Instant::now() >= deadline {
+                let result = Value::Array(shared.updates.clone());
+                return Json(json!({"ok": true, "result": result})).into_response();
+            }
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
 }
 
 fn error(status: StatusCode, description: &str, retry_after: Option<u64>) -> Response {

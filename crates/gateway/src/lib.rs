@@ -21,6 +21,7 @@ mod params;
 mod principal;
 mod sessions;
 mod state;
+mod telegram_poll;
 mod usage;
 mod webhooks;
 mod ws;
@@ -153,7 +154,21 @@ impl Gateway {
                 return Ok(());
             };
             let _ = bus_cell.set(bus.clone());
-            ask::serve(bus, config, health, shutdown.clone()).await
+            let poller = config.channels.telegram.polls().then(|| {
+                tokio::spawn(telegram_poll::run(
+                    bus.clone(),
+                    config.channels.telegram.clone(),
+                    shutdown.clone(),
+                ))
+            });
+            let served = ask::serve(bus, config, health, shutdown.clone()).await;
+            if let Some(poller) = poller {
+                if served.is_err() {
+                    poller.abort();
+                }
+                let _ = poller.await;
+            }
+            served
         }
         .await;
         if result.is_err() {

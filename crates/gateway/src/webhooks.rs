@@ -166,6 +166,34 @@ async fn publish(
     stream_ms: u64,
     body: Bytes,
 ) -> Response {
+    match publish_inbound(bus, inbound, agent, stream_ms, body).await {
+        Published::Accepted => answer(StatusCode::OK, "accepted"),
+        // Answered 200: the app would send the same refused message again forever.
+        Published::Refused(reason) => answer(StatusCode::OK, &reason),
+        // Not stored: the app sends it again later.
+        Published::NotStored(reason) => answer(StatusCode::SERVICE_UNAVAILABLE, &reason),
+    }
+}
+
+/// What became of a chat app's message.
+pub(crate) enum Published {
+    /// Stored in INBOUND.
+    Accepted,
+    /// Refused by the contract and kept on the dead-letter subject.
+    Refused(String),
+    /// Not stored (the stream did not answer): to be sent again.
+    NotStored(String),
+}
+
+/// Publishes `inbound` for `agent` under its platform id; `body` is what the app sent, kept
+/// when the message is refused.
+pub(crate) async fn publish_inbound(
+    bus: &Bus,
+    inbound: Inbound,
+    agent: &str,
+    stream_ms: u64,
+    body: Bytes,
+) -> Published {
     let channel = inbound.channel.clone();
     let mut message = inbound.into_message(agent);
     if stream_ms > 0 {
@@ -175,29 +203,21 @@ async fn publish(
         );
     }
     if let Err(err) = agentloop_proto::validate_inbound(&mut message, &channel) {
-        // Kept, and answered 200: the app would send the same refused message again forever.
-        let reason = keep(
-            bus,
-            &channel,
-            body,
-            format!("{channel} message refused: {err}"),
-        )
-        .await;
-        return answer(StatusCode::OK, &reason);
+        let reason = format!("{channel} message refused: {err}");
+        return Published::Refused(keep(bus, &channel, body, reason).await);
     }
     let msg_id = agentloop_proto::inbound_msg_id(&message.session_key, &message.idempotency_key);
     match bus
         .publish_durable(bus.subjects().inbound(&channel), &message, Some(&msg_id))
         .await
     {
-        Ok(()) => answer(StatusCode::OK, "accepted"),
-        // Not stored: the app sends it again later.
-        Err(err) => answer(StatusCode::SERVICE_UNAVAILABLE, &error_chain(&err)),
+        Ok(()) => Published::Accepted,
+        Err(err) => Published::NotStored(error_chain(&err)),
     }
 }
 
 /// Keeps a refused request on the dead-letter subject and returns the reason.
-async fn keep(bus: &Bus, channel: &str, body: Bytes, reason: String) -> String {
+pub(crate) async fn keep(bus: &Bus, channel: &str, body: Bytes, reason: String) -> String {
     let subject = bus.subjects().inbound(channel);
     if let Err(err) = bus
         .dead_letter(SERVICE, &subject, None, body, &reason)

@@ -263,10 +263,18 @@ impl Sandbox {
 
     /// Subscribes to `<prefix>.<rest>` with the sandbox's client.
     pub async fn subscribe(&self, rest: &str) -> async_nats::Subscriber {
-        self.client
+        let subscriber = self
+            .client
             .subscribe(self.subject(rest))
             .await
-            .expect("the sandbox's nats-server accepts subscriptions")
+            .expect("the sandbox's nats-server accepts subscriptions");
+        // A flush waits for the server's answer, so the subscription is in place before
+        // another connection publishes what the test waits for.
+        self.client
+            .flush()
+            .await
+            .expect("the sandbox's nats-server answers");
+        subscriber
     }
 
     pub fn subject(&self, rest: &str) -> String {
