@@ -146,12 +146,7 @@ async fn a_reply_slack_refuses_for_good_is_dead_lettered() {
         .await
         .expect("no dead letter")
         .unwrap();
-    let reason = letter
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(agentloop_bus::HEADER_ERROR))
-        .map(|v| v.as_str().to_owned())
-        .unwrap_or_default();
+    let reason = crate::harness::dead_letter_reason(&letter);
     assert!(reason.contains("channel_not_found"), "{reason}");
     assert_eq!(slack.posted().len(), 1);
     sandbox.shutdown().await.unwrap();

@@ -155,12 +155,7 @@ async fn a_reply_telegram_refuses_for_good_is_dead_lettered_with_the_reason() {
         .await
         .expect("no dead letter")
         .unwrap();
-    let reason = letter
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(agentloop_bus::HEADER_ERROR))
-        .map(|v| v.as_str().to_owned())
-        .unwrap_or_default();
+    let reason = crate::harness::dead_letter_reason(&letter);
     assert!(reason.contains("chat not found"), "{reason}");
     assert!(
         !reason.contains(TOKEN),

@@ -127,12 +127,7 @@ async fn a_failing_receiver_is_retried_and_one_refusing_for_good_gets_a_dead_let
         .await
         .expect("no dead letter")
         .unwrap();
-    let reason = letter
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(agentloop_bus::HEADER_ERROR))
-        .map(|v| v.as_str().to_owned())
-        .unwrap_or_default();
+    let reason = crate::harness::dead_letter_reason(&letter);
     assert!(reason.contains("410"), "{reason}");
     sandbox.shutdown().await.unwrap();
 }

@@ -7,12 +7,14 @@
 
 mod chunk;
 mod config;
+mod signed;
 pub mod slack;
 pub mod telegram;
 pub mod webhook;
 
 pub use chunk::chunk;
 pub use config::{ChannelsConfig, Secret, SlackConfig, TelegramConfig, WebhookConfig};
+pub use signed::REPLAY_WINDOW;
 
 use std::collections::HashMap;
 

@@ -5,12 +5,10 @@
 
 use std::time::Duration;
 
-use hmac::{Hmac, KeyInit as _, Mac as _};
 use serde::Deserialize;
 use serde_json::json;
-use sha2::Sha256;
 
-use crate::{Conversation, Inbound, SendError, SlackConfig};
+use crate::{Conversation, Inbound, SendError, SlackConfig, signed};
 
 /// The channel's name on the bus (`<prefix>.inbound.slack`).
 pub const CHANNEL: &str = "slack";
@@ -20,9 +18,6 @@ pub const SIGNATURE_HEADER: &str = "x-slack-signature";
 
 /// The header carrying the request's timestamp (Unix seconds).
 pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
-
-/// How far a request's timestamp may be from now.
-pub const REPLAY_WINDOW: Duration = Duration::from_secs(300);
 
 /// The longest reply piece posted (Slack truncates past 40,000 and advises 4,000).
 pub const MAX_MESSAGE: usize = 4000;
@@ -52,23 +47,13 @@ pub fn verify(
     body: &[u8],
     now: u64,
 ) -> Result<(), RequestError> {
-    let at: u64 = timestamp.trim().parse().map_err(|_| RequestError::Stale)?;
-    if now.abs_diff(at) > REPLAY_WINDOW.as_secs() {
-        return Err(RequestError::Stale);
+    signed::fresh(timestamp, now).ok_or(RequestError::Stale)?;
+    let parts: [&[u8]; 4] = [b"v0:", timestamp.trim().as_bytes(), b":", body];
+    if signed::matches(secret, &parts, signature, "v0=") {
+        Ok(())
+    } else {
+        Err(RequestError::BadSignature)
     }
-    let given = signature
-        .strip_prefix("v0=")
-        .and_then(|hex| hex::decode(hex).ok())
-        .ok_or(RequestError::BadSignature)?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes())
-        .map_err(|_| RequestError::BadSignature)?;
-    mac.update(b"v0:");
-    mac.update(timestamp.trim().as_bytes());
-    mac.update(b":");
-    mac.update(body);
-    // Compared in constant time by the MAC itself.
-    mac.verify_slice(&given)
-        .map_err(|_| RequestError::BadSignature)
 }
 
 /// What a verified request asks for.
@@ -227,12 +212,7 @@ impl Client {
                 retry_after: None,
             })?;
         let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse().ok())
-            .map(Duration::from_secs);
+        let retry_after = signed::retry_after(&response);
         if status == 429 {
             return Err(SendError::Transient {
                 reason: "429 ratelimited".to_owned(),
@@ -277,9 +257,8 @@ mod tests {
     use super::*;
 
     fn sign(secret: &str, ts: &str, body: &[u8]) -> String {
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-        mac.update(format!("v0:{ts}:").as_bytes());
-        mac.update(body);
+        use hmac::Mac as _;
+        let mac = signed::mac(secret, &[format!("v0:{ts}:").as_bytes(), body]);
         format!("v0={}", hex::encode(mac.finalize().into_bytes()))
     }
 

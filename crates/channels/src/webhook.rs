@@ -6,20 +6,15 @@
 
 use std::time::Duration;
 
-use hmac::{Hmac, KeyInit as _, Mac as _};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 
-use crate::{Conversation, Inbound, SendError};
+use crate::{Conversation, Inbound, SendError, signed};
 
 /// The header carrying the signature.
 pub const SIGNATURE_HEADER: &str = "x-agentloop-signature";
 
 /// The header carrying the timestamp (Unix seconds).
 pub const TIMESTAMP_HEADER: &str = "x-agentloop-timestamp";
-
-/// How far a request's timestamp may be from now.
-pub const REPLAY_WINDOW: Duration = Duration::from_secs(300);
 
 /// The channel name on the bus of the webhook `name` (`webhook-<name>`).
 pub fn channel(name: &str) -> String {
@@ -50,19 +45,10 @@ pub enum RequestError {
 
 /// The signature of `body` at `timestamp` with `secret` (the header's value).
 pub fn sign(secret: &str, timestamp: u64, body: &[u8]) -> String {
-    format!(
-        "sha256={}",
-        hex::encode(mac(secret, timestamp, body).finalize().into_bytes())
-    )
-}
-
-fn mac(secret: &str, timestamp: u64, body: &[u8]) -> Hmac<Sha256> {
-    let mut mac =
-        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    mac
+    use hmac::Mac as _;
+    let stamp = timestamp.to_string();
+    let mac = signed::mac(secret, &[stamp.as_bytes(), b".", body]);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
 /// Checks a request's signature and timestamp against `secret`, `now` being Unix seconds.
@@ -76,18 +62,18 @@ pub fn verify(
     body: &[u8],
     now: u64,
 ) -> Result<(), RequestError> {
-    let at: u64 = timestamp.trim().parse().map_err(|_| RequestError::Stale)?;
-    if now.abs_diff(at) > REPLAY_WINDOW.as_secs() {
-        return Err(RequestError::Stale);
+    let at = signed::fresh(timestamp, now).ok_or(RequestError::Stale)?;
+    let stamp = at.to_string();
+    if signed::matches(
+        secret,
+        &[stamp.as_bytes(), b".", body],
+        signature,
+        "sha256=",
+    ) {
+        Ok(())
+    } else {
+        Err(RequestError::BadSignature)
     }
-    let given = signature
-        .strip_prefix("sha256=")
-        .and_then(|hex| hex::decode(hex).ok())
-        .ok_or(RequestError::BadSignature)?;
-    // Compared in constant time by the MAC itself.
-    mac(secret, at, body)
-        .verify_slice(&given)
-        .map_err(|_| RequestError::BadSignature)
 }
 
 /// A message as a webhook sends it.
@@ -211,12 +197,7 @@ impl Client {
         if status.is_success() {
             return Ok(());
         }
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse().ok())
-            .map(Duration::from_secs);
+        let retry_after = signed::retry_after(&response);
         let reason = format!("HTTP {status}");
         if status.as_u16() == 429 || status.is_server_error() {
             Err(SendError::Transient {

@@ -67,13 +67,7 @@ impl FakeSlack {
             .route("/api/chat.postMessage", post(post_message))
             .route("/api/chat.update", post(update))
             .with_state((token.to_owned(), shared.clone()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a free loopback port");
-        let addr = listener.local_addr().expect("a bound address");
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, server) = crate::serve(app).await;
         Self {
             addr,
             shared,
@@ -144,15 +138,9 @@ async fn post_message(
     headers: HeaderMap,
     body: Option<Json<Value>>,
 ) -> Response {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if bearer != Some(token.as_str()) {
-        return refusal("invalid_auth");
-    }
-    let Some(Json(body)) = body else {
-        return refusal("invalid_arguments");
+    let body = match authorized(&headers, &token, body) {
+        Ok(body) => body,
+        Err(error) => return refusal(error),
     };
     let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
     let (answer, accepted) = match shared.failures.pop_front() {
@@ -192,15 +180,9 @@ async fn update(
     headers: HeaderMap,
     body: Option<Json<Value>>,
 ) -> Response {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if bearer != Some(token.as_str()) {
-        return refusal("invalid_auth");
-    }
-    let Some(Json(body)) = body else {
-        return refusal("invalid_arguments");
+    let body = match authorized(&headers, &token, body) {
+        Ok(body) => body,
+        Err(error) => return refusal(error),
     };
     let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
     let ts = body["ts"].as_str().unwrap_or_default().to_owned();
@@ -219,6 +201,22 @@ async fn update(
         accepted,
     });
     answer
+}
+
+/// The body of a call made with the bot's token, or the `error` Slack refuses it with.
+fn authorized(
+    headers: &HeaderMap,
+    token: &str,
+    body: Option<Json<Value>>,
+) -> Result<Value, &'static str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if bearer != Some(token) {
+        return Err("invalid_auth");
+    }
+    body.map(|Json(body)| body).ok_or("invalid_arguments")
 }
 
 /// Slack refuses with HTTP 200 and `ok: false`.

@@ -71,13 +71,7 @@ impl FakeTelegram {
         let app = Router::new()
             .route("/{bot}/{method}", post(call))
             .with_state((token.to_owned(), shared.clone(), arrived.clone()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a free loopback port");
-        let addr = listener.local_addr().expect("a bound address");
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, server) = crate::serve(app).await;
         Self {
             addr,
             token: token.to_owned(),

@@ -52,13 +52,7 @@ impl FakeReceiver {
         let app = Router::new()
             .route("/replies", post(receive))
             .with_state((secret.to_owned(), shared.clone()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a free loopback port");
-        let addr = listener.local_addr().expect("a bound address");
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, server) = crate::serve(app).await;
         Self {
             addr,
             shared,

@@ -33,11 +33,8 @@ pub(crate) async fn telegram(
             "the Telegram webhook is off: set channels.telegram.webhook_secret",
         );
     }
-    let given = headers
-        .get(telegram::SECRET_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if !constant_time_eq(given, config.webhook_secret.expose()) {
+    let given = header_text(&headers, telegram::SECRET_HEADER);
+    if !constant_time_eq(&given, config.webhook_secret.expose()) {
         tracing::warn!("telegram webhook refused: wrong or missing secret token");
         return answer(
             StatusCode::UNAUTHORIZED,
@@ -71,13 +68,7 @@ pub(crate) async fn slack(
             "the Slack endpoint is off: set channels.slack.signing_secret",
         );
     }
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let header = |name: &str| header_text(&headers, name);
     let now = unix_now();
     if let Err(err) = slack::verify(
         config.signing_secret.expose(),
@@ -121,13 +112,7 @@ pub(crate) async fn webhook(
             "no such webhook (channels.webhook.<name>)",
         );
     };
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let header = |name: &str| header_text(&headers, name);
     if let Err(err) = webhook::verify(
         hook.secret.expose(),
         &header(webhook::TIMESTAMP_HEADER),
@@ -148,6 +133,15 @@ pub(crate) async fn webhook(
             answer(StatusCode::BAD_REQUEST, &reason)
         }
     }
+}
+
+/// A header's text, empty when it is missing or not text.
+fn header_text(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn unix_now() -> u64 {

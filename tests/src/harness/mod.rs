@@ -389,6 +389,16 @@ pub async fn collect_run_events(
     }
 }
 
+/// The reason a dead letter carries (its error header).
+pub fn dead_letter_reason(letter: &async_nats::Message) -> String {
+    letter
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(agentloop_bus::HEADER_ERROR))
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_default()
+}
+
 /// Waits for the next delivered reply on a subscription.
 pub async fn next_reply(
     sub: &mut async_nats::Subscriber,
