@@ -64,3 +64,86 @@ async fn the_model_calls_a_real_mcp_servers_tool_over_stdio_and_a_broken_server_
     );
     sandbox.shutdown().await.unwrap();
 }
+
+/// A free loopback port (bound, then released for the server to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn the_model_calls_a_real_mcp_servers_tool_over_streamable_http() {
+    let server = everything();
+    assert!(
+        server.exists(),
+        "{} is missing: run `bash tests/mcp/setup.sh` (./scripts/test.sh does)",
+        server.display()
+    );
+    // The same npm server, run elsewhere as a streamable HTTP endpoint.
+    let port = free_port();
+    let _http_server = tokio::process::Command::new(&server)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    agentloop_testkit::wait_until(
+        "the MCP server listening",
+        std::time::Duration::from_secs(20),
+        || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+        },
+    )
+    .await
+    .unwrap();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let options = SandboxOptions {
+        runner: Some(Box::new(move |config: &mut RunnerConfig| {
+            config.mcp.servers.insert(
+                "remote".into(),
+                McpServerConfig {
+                    url,
+                    ..Default::default()
+                },
+            );
+            // Nothing listens there: left out, the runner serves on.
+            config.mcp.servers.insert(
+                "gone".into(),
+                McpServerConfig {
+                    url: format!("http://127.0.0.1:{}/mcp", free_port()),
+                    start_timeout_ms: 3_000,
+                    ..Default::default()
+                },
+            );
+        })),
+        ..Default::default()
+    };
+    let sandbox = Sandbox::start_with(options).await.unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    let call = r#"[[tool:remote__echo:{"message":"over http"}]]"#;
+    let reply = ask(&sandbox, &mut replies, "mcp-http-1", "ann", "", call).await;
+    assert!(
+        reply.contains("Echo: over http"),
+        "the MCP tool's result did not reach the reply: {reply}"
+    );
+    let sent = request_for(&sandbox, call);
+    let offered: Vec<&str> = sent["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(offered.contains(&"remote__echo"), "{offered:?}");
+    assert!(
+        !offered.iter().any(|t| t.starts_with("gone__")),
+        "{offered:?}"
+    );
+    sandbox.shutdown().await.unwrap();
+}

@@ -1,6 +1,7 @@
-//! Tools of MCP servers (`[mcp.servers.<name>]`): each server is started at the runner's start
-//! as a child process speaking MCP over stdio (the official SDK, `rmcp`), its tools listed once
-//! and offered to the model as `<server>__<tool>`. A server that does not start or answer is
+//! Tools of MCP servers (`[mcp.servers.<name>]`): each server is reached at the runner's start,
+//! as a child process speaking MCP over stdio (`command`) or at a streamable HTTP endpoint
+//! (`url`), through the official SDK (`rmcp`); its tools are listed once and offered to the
+//! model as `<server>__<tool>`. A server that does not start or answer is
 //! logged and left out: the runner serves without its tools rather than not at all.
 
 use std::collections::BTreeMap;
@@ -11,7 +12,7 @@ use futures::future::BoxFuture;
 use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RunningService, ServiceExt as _};
-use rmcp::transport::TokioChildProcess;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 
 use agentloop_model::ToolSpec;
 
@@ -21,8 +22,11 @@ use super::{Tool, ToolContext, ToolError};
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(default)]
 pub struct McpServerConfig {
-    /// The program to run (found on `PATH` unless a path).
+    /// The program to run (found on `PATH` unless a path), for a server over stdio.
     pub command: String,
+    /// The streamable HTTP endpoint (`https://host/mcp`) of a server run elsewhere; instead
+    /// of `command`.
+    pub url: String,
     /// Its arguments.
     pub args: Vec<String>,
     /// Environment variables it gets besides the runner's.
@@ -132,10 +136,10 @@ pub(crate) async fn connect_all(config: &McpConfig) -> Vec<Arc<dyn Tool>> {
                 tools.extend(found);
             }
             Ok(Err(reason)) => {
-                tracing::error!(server = %name, command = %server.command, error = %reason, "MCP server left out");
+                tracing::error!(server = %name, command = %server.command, url = %server.url, error = %reason, "MCP server left out");
             }
             Err(_) => {
-                tracing::error!(server = %name, command = %server.command, timeout_ms = timeout.as_millis(), "MCP server left out: no tool list within its start timeout");
+                tracing::error!(server = %name, command = %server.command, url = %server.url, timeout_ms = timeout.as_millis(), "MCP server left out: no tool list within its start timeout");
             }
         }
     }
@@ -143,18 +147,31 @@ pub(crate) async fn connect_all(config: &McpConfig) -> Vec<Arc<dyn Tool>> {
 }
 
 async fn connect(name: &str, server: &McpServerConfig) -> Result<Vec<Arc<dyn Tool>>, String> {
-    if server.command.trim().is_empty() {
-        return Err("no command configured".to_owned());
+    let client = match (server.command.trim(), server.url.trim()) {
+        ("", "") => return Err("neither a command nor a url is configured".to_owned()),
+        (_, "") => {
+            let mut command = tokio::process::Command::new(&server.command);
+            command
+                .args(&server.args)
+                .envs(&server.env)
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true);
+            let transport =
+                TokioChildProcess::new(command).map_err(|err| format!("cannot start: {err}"))?;
+            ().serve(transport).await
+        }
+        ("", url) => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!("url {url:?} is not http:// or https://"));
+            }
+            // The HTTP client's TLS takes the process's crypto provider; ring is the one the
+            // rest of the program uses. Installing it a second time is refused, harmlessly.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            ().serve(StreamableHttpClientTransport::from_uri(url)).await
+        }
+        _ => return Err("both a command and a url are configured; give one".to_owned()),
     }
-    let mut command = tokio::process::Command::new(&server.command);
-    command
-        .args(&server.args)
-        .envs(&server.env)
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let transport =
-        TokioChildProcess::new(command).map_err(|err| format!("cannot start: {err}"))?;
-    let client = ().serve(transport).await.map_err(|err| format!("no MCP handshake: {err}"))?;
+    .map_err(|err| format!("no MCP handshake: {err}"))?;
     let listed = client
         .list_all_tools()
         .await
