@@ -12,9 +12,10 @@ use futures::future::BoxFuture;
 use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RunningService, ServiceExt as _};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 
-use agentloop_model::ToolSpec;
+use agentloop_model::{Secret, ToolSpec};
 
 use super::{Tool, ToolContext, ToolError};
 
@@ -27,6 +28,11 @@ pub struct McpServerConfig {
     /// The streamable HTTP endpoint (`https://host/mcp`) of a server run elsewhere; instead
     /// of `command`.
     pub url: String,
+    /// With `url`: sent as `Authorization: Bearer <token>` (never logged).
+    pub bearer_token: Secret,
+    /// With `url`: more headers sent with every request (`X-Api-Key`, ...); their values are
+    /// never logged either.
+    pub headers: BTreeMap<String, Secret>,
     /// Its arguments.
     pub args: Vec<String>,
     /// Environment variables it gets besides the runner's.
@@ -167,7 +173,13 @@ async fn connect(name: &str, server: &McpServerConfig) -> Result<Vec<Arc<dyn Too
             // The HTTP client's TLS takes the process's crypto provider; ring is the one the
             // rest of the program uses. Installing it a second time is refused, harmlessly.
             let _ = rustls::crypto::ring::default_provider().install_default();
-            ().serve(StreamableHttpClientTransport::from_uri(url)).await
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url)
+                .custom_headers(headers(&server.headers)?);
+            if !server.bearer_token.is_empty() {
+                config = config.auth_header(server.bearer_token.expose());
+            }
+            ().serve(StreamableHttpClientTransport::from_config(config))
+                .await
         }
         _ => return Err("both a command and a url are configured; give one".to_owned()),
     }
@@ -194,6 +206,23 @@ async fn connect(name: &str, server: &McpServerConfig) -> Result<Vec<Arc<dyn Too
         .collect())
 }
 
+/// The configured headers as HTTP headers, or which one is not one.
+fn headers(
+    configured: &BTreeMap<String, Secret>,
+) -> Result<std::collections::HashMap<http::HeaderName, http::HeaderValue>, String> {
+    configured
+        .iter()
+        .map(|(name, value)| {
+            let name = http::HeaderName::try_from(name.as_str())
+                .map_err(|_| format!("headers: {name:?} is no header name"))?;
+            let mut value = http::HeaderValue::try_from(value.expose())
+                .map_err(|_| format!("headers: the value of {name} is no header value"))?;
+            value.set_sensitive(true);
+            Ok((name, value))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +235,17 @@ mod tests {
             "my_server__get_weather"
         );
         assert_eq!(offered_name("s", &"x".repeat(100)).len(), 64);
+    }
+
+    #[test]
+    fn configured_headers_are_checked_by_name() {
+        let mut configured = BTreeMap::new();
+        configured.insert("X-Api-Key".to_owned(), Secret::from("k1"));
+        assert_eq!(headers(&configured).unwrap().len(), 1);
+        configured.insert("bad header".to_owned(), Secret::from("v"));
+        assert!(headers(&configured).unwrap_err().contains("bad header"));
+        let mut broken = BTreeMap::new();
+        broken.insert("X-Ok".to_owned(), Secret::from("line\nbreak"));
+        assert!(headers(&broken).unwrap_err().contains("x-ok"));
     }
 }
