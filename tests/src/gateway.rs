@@ -694,3 +694,58 @@ async fn the_web_chat_page_streams_text_and_shows_a_tool_call_in_headless_chromi
     assert!(std::fs::metadata(&screenshot).unwrap().len() > 1000);
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_web_chat_inbox_shows_a_conversation_of_another_channel_in_headless_chromium() {
+    use tokio::io::AsyncBufReadExt as _;
+    let python = python();
+    // Arrange: the page open (loopback: an admin), its inbox subscribed.
+    let sandbox = Sandbox::start().await.unwrap();
+    Client::connected(&sandbox, None).await.unwrap(); // memory ready
+    let screenshot =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots/inbox.png");
+    std::fs::create_dir_all(screenshot.parent().unwrap()).unwrap();
+    let mut page = tokio::process::Command::new(&python)
+        .current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python"))
+        .args([
+            "inbox.py",
+            &format!("http://{}/", sandbox.gateway_addr),
+            screenshot.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(page.stdout.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(90), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ready.as_deref(), Some("ready"));
+
+    // Act: someone writes on another channel, as the NATS CLI does.
+    sandbox
+        .say("cli:erin", "hello from the terminal")
+        .await
+        .unwrap();
+
+    // Assert: the inbox shows that conversation with its reply.
+    let shown = tokio::time::timeout(Duration::from_secs(90), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    let item = shown["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["session"] == "cli:erin")
+        .unwrap_or_else(|| panic!("no cli:erin conversation: {shown}"));
+    assert_eq!(item["channel"], "cli");
+    assert_eq!(item["direction"], "out");
+    assert_eq!(item["last"], "→ echo: hello from the terminal");
+    assert!(page.wait().await.unwrap().success());
+    assert!(std::fs::metadata(&screenshot).unwrap().len() > 1000);
+    sandbox.shutdown().await.unwrap();
+}

@@ -462,3 +462,49 @@ async fn principal_b_sees_none_of_a_s_usage_and_a_sees_its_own() {
     gateway.stop().await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn only_an_admin_watches_the_inbox_of_every_conversation() {
+    // Arrange
+    let sandbox = Sandbox::start().await.unwrap();
+    let gateway = gateway(&sandbox, json!({})).await;
+    let mut bob = Client::connected_at(gateway.addr, Some(BOB)).await.unwrap();
+    let mut carol = Client::connected_at(gateway.addr, Some(READER))
+        .await
+        .unwrap();
+    let mut ops = Client::connected_at(gateway.addr, Some(ROOT))
+        .await
+        .unwrap();
+
+    // Act: bob and carol try to watch everyone's messages; ops does; alice talks.
+    let bobs = bob.call("inbox.subscribe", json!({})).await.unwrap();
+    let carols = carol.call("inbox.subscribe", json!({})).await.unwrap();
+    let ops_answer = ops.call("inbox.subscribe", json!({})).await.unwrap();
+    let (_alice, _run) = alice_with_a_session(&gateway).await;
+
+    // Assert
+    assert_eq!(code(&bobs), "FORBIDDEN", "{bobs}");
+    assert_eq!(code(&carols), "FORBIDDEN", "{carols}");
+    assert_eq!(ops_answer["payload"]["subscribed"], true, "{ops_answer}");
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e: &Value| e["direction"] == "out") {
+        let frame = ops.frame().await.unwrap().unwrap();
+        if frame["event"] == "inbox" {
+            seen.push(frame["payload"].clone());
+        }
+    }
+    assert_eq!(seen[0]["direction"], "in", "{seen:?}");
+    assert_eq!(seen[0]["sessionKey"], KEY);
+    assert_eq!(seen[0]["text"], "my secret");
+    assert_eq!(seen.last().unwrap()["text"], "echo: my secret");
+    // Bob's connection got no inbox event.
+    let mut bob_events = 0;
+    while let Ok(Ok(Ok(frame))) =
+        tokio::time::timeout(Duration::from_millis(300), bob.frame()).await
+    {
+        bob_events += usize::from(frame["event"] == "inbox");
+    }
+    assert_eq!(bob_events, 0);
+    gateway.stop().await.unwrap();
+    sandbox.shutdown().await.unwrap();
+}

@@ -270,12 +270,27 @@ async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
     let pending = consumer.cached_info().num_pending;
     let mut replies = Vec::new();
     let mut messages = consumer.messages().await.unwrap();
+    let mut failed_pulls = 0;
     while (replies.len() as u64) < pending {
-        let msg = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
             .await
             .expect("the capture stream hands out what it holds")
-            .unwrap()
-            .unwrap();
+            .expect("the pull stream ended");
+        // A pull that finds the stream between leaders gets "no responders"; the stream
+        // pulls again by itself.
+        let msg = match next {
+            Ok(msg) => msg,
+            Err(err) => {
+                failed_pulls += 1;
+                assert!(
+                    failed_pulls < 50,
+                    "the capture stream never answered: {err}"
+                );
+                eprintln!("pulling the capture stream again after: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let at: SystemTime = msg.info().unwrap().published.into();
         let body: Value = serde_json::from_slice(&msg.payload).unwrap();
         let text = body["text"].as_str().unwrap_or_default();

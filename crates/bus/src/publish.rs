@@ -180,6 +180,14 @@ impl Bus {
         }
     }
 
+    /// Emits an inbox event on `<prefix>.inbox.<channel>` (fire and forget, as run events).
+    pub async fn emit_inbox(&self, event: &agentloop_proto::v1::InboxEvent) {
+        let subject = self.subjects.inbox(&event.channel);
+        if let Err(err) = self.publish_fast(subject, event, Encoding::Proto).await {
+            tracing::warn!(error = %error_chain(&err), channel = %event.channel, "failed to emit an inbox event");
+        }
+    }
+
     /// Keeps an unprocessable message on `<prefix>.dlq.<subject>` with the reason in headers and
     /// emits an error event, so nothing is dropped silently.
     ///

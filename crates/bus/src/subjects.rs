@@ -112,6 +112,16 @@ impl Subjects {
         format!("{}.deliver.{}.{}", self.prefix, token(channel), session_id)
     }
 
+    /// `<prefix>.inbox.<channel>`: every message in and out of the channel, for inbox views.
+    pub fn inbox(&self, channel: &str) -> String {
+        format!("{}.inbox.{}", self.prefix, token(channel))
+    }
+
+    /// `<prefix>.inbox.>`: the inbox of every channel.
+    pub fn inbox_all(&self) -> String {
+        format!("{}.inbox.>", self.prefix)
+    }
+
     /// `<prefix>.tool.<name>`: calls of a remote tool (request/reply, queue group per tool).
     pub fn tool(&self, name: &str) -> String {
         format!("{}.tool.{}", self.prefix, name)

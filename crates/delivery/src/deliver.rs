@@ -9,7 +9,10 @@ use tracing::Instrument as _;
 
 use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Backoff, Counter, Health, retry};
-use agentloop_proto::{Encoding, v1::OutboundMessage};
+use agentloop_proto::{
+    Encoding, InboxDirection,
+    v1::{InboxEvent, OutboundMessage},
+};
 
 use crate::apps::Apps;
 use crate::failure::Failure;
@@ -138,6 +141,9 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
                     recent.insert(key);
                 }
                 ctx.acks.ack(msg);
+                if outbound.r#final && !agentloop_proto::is_no_reply(&outbound.text) {
+                    ctx.bus.emit_inbox(&inbox_event(outbound)).await;
+                }
             }
             // Never acked when not delivered: the server hands it out again.
             Err(Failure::Transient(reason)) => ctx.dead_letters.retry_later(&msg, &reason).await,
@@ -261,6 +267,20 @@ async fn captured(ctx: &Ctx, channel: &str) -> Result<bool, String> {
         cache.insert(channel.to_owned(), (std::time::Instant::now(), captured));
     }
     Ok(captured)
+}
+
+/// The inbox's view of a delivered reply.
+fn inbox_event(outbound: OutboundMessage) -> InboxEvent {
+    InboxEvent {
+        direction: InboxDirection::Out.as_str().to_owned(),
+        channel: outbound.channel,
+        session_key: outbound.session_key,
+        session_id: outbound.session_id,
+        peer: outbound.recipient,
+        text: outbound.text,
+        run_id: outbound.run_id,
+        ts: outbound.ts,
+    }
 }
 
 /// The id of a final reply's delivery: one per run and outcome, so a redelivered reply is

@@ -12,6 +12,7 @@ mod frames;
 mod guard;
 mod history;
 mod http;
+mod inbox;
 mod known;
 mod limits;
 mod memories;

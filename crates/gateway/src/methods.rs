@@ -24,7 +24,7 @@ use crate::state::AppState;
 use crate::{RequestError, memories, sessions, usage};
 
 /// Every method, as `connect` announces them.
-pub(crate) const METHODS: [&str; 12] = [
+pub(crate) const METHODS: [&str; 13] = [
     "connect",
     "agent",
     "agent.wait",
@@ -37,6 +37,7 @@ pub(crate) const METHODS: [&str; 12] = [
     "sessions.usage",
     "memory.list",
     "memory.forget",
+    "inbox.subscribe",
 ];
 
 /// `agent.wait` waits this long when the client names no `timeoutMs`.
@@ -52,11 +53,13 @@ fn scope_of(method: &str) -> Option<Scope> {
         }
         "agent" | "chat.send" | "chat.abort" | "sessions.reset" | "sessions.patch"
         | "memory.forget" => Some(Scope::Write),
+        "inbox.subscribe" => Some(Scope::Admin),
         _ => None,
     }
 }
 
-/// Runs one method for `who` and sends its response(s) and events on `out_tx`.
+/// Runs one method for `who` and sends its response(s) and events on `out_tx`; `closed` is
+/// cancelled when the connection ends (a subscription stops then).
 pub(crate) async fn call(
     state: &AppState,
     who: &Principal,
@@ -64,6 +67,7 @@ pub(crate) async fn call(
     method: &str,
     params: Value,
     out_tx: mpsc::Sender<Outgoing>,
+    closed: tokio_util::sync::CancellationToken,
 ) {
     let allowed = match scope_of(method) {
         Some(scope) => who.require(scope),
@@ -73,6 +77,9 @@ pub(crate) async fn call(
         (Err(error), _) => Err(error),
         (Ok(()), "agent") => return agent(state, who, &id, params, &out_tx).await,
         (Ok(()), "chat.send") => return chat_send(state, who, &id, params, &out_tx).await,
+        (Ok(()), "inbox.subscribe") => {
+            return crate::inbox::subscribe(state, &id, &out_tx, closed).await;
+        }
         (Ok(()), "agent.wait") => agent_wait(state, who, params).await,
         (Ok(()), "chat.abort") => sessions::chat_abort(state, who, params).await,
         (Ok(()), "chat.history") => crate::history::chat_history(state, who, params).await,

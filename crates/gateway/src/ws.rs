@@ -96,6 +96,8 @@ async fn connection(
         }
     };
     let writer = tokio::spawn(writer);
+    // Cancelled when the client is gone: subscriptions end, runs go on.
+    let closed = tokio_util::sync::CancellationToken::new();
     let limit = state.config.gateway.max_frame_bytes;
     let mut conn = Conn {
         principal: None,
@@ -174,10 +176,11 @@ async fn connection(
                 method,
                 params,
             } => {
-                let (state, out_tx) = (state.clone(), out_tx.clone());
+                let (state, out_tx, closed) = (state.clone(), out_tx.clone(), closed.clone());
                 in_flight.spawn(
                     async move {
-                        methods::call(&state, &principal, id, &method, params, out_tx).await;
+                        methods::call(&state, &principal, id, &method, params, out_tx, closed)
+                            .await;
                     }
                     .in_current_span(),
                 );
@@ -185,6 +188,7 @@ async fn connection(
         }
     }
     // Runs started here keep going to their end so their answers are stored for a repeat.
+    closed.cancel();
     drop(out_tx);
     in_flight.close();
     in_flight.wait().await;

@@ -281,3 +281,13 @@ mod tests {
         assert!(!RunStatus::Timeout.ends_normally());
     }
 }
+
+words! {
+    /// Whether an inbox event is a message into the system or a reply out of it.
+    InboxDirection, "inbox direction" {
+        /// A message from a channel.
+        In = "in",
+        /// A reply to a channel.
+        Out = "out",
+    }
+}

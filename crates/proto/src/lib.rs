@@ -16,7 +16,8 @@ pub use ids::{
     stream_idempotency_key,
 };
 pub use kinds::{
-    ControlAction, EventPhase, EventStream, InboxKind, QueueMode, RunStatus, UnknownWord,
+    ControlAction, EventPhase, EventStream, InboxDirection, InboxKind, QueueMode, RunStatus,
+    UnknownWord,
 };
 pub use run_id::run_id;
 pub use validate::{Field, ValidationError, refuse_nul, validate_inbound, validate_run_command};

@@ -11,9 +11,10 @@ use tracing::Instrument as _;
 
 use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Backoff, Counter, Health, retry};
+use agentloop_proto::InboxDirection;
 use agentloop_proto::v1::{
-    ControlMessage, InboundMessage, OutboundMessage, ResolveSessionRequest, RunCommand, Session,
-    session_service_client::SessionServiceClient,
+    ControlMessage, InboundMessage, InboxEvent, OutboundMessage, ResolveSessionRequest, RunCommand,
+    Session, session_service_client::SessionServiceClient,
 };
 use agentloop_telemetry::TracedChannel;
 
@@ -240,7 +241,20 @@ async fn publish_run(
     ctx.bus
         .publish_durable(ctx.bus.subjects().run(&session.id), &command, Some(&msg_id))
         .await
-        .map_err(|e| error_chain(&e))
+        .map_err(|e| error_chain(&e))?;
+    ctx.bus
+        .emit_inbox(&InboxEvent {
+            direction: InboxDirection::In.as_str().to_owned(),
+            channel: command.channel,
+            session_key: command.session_key,
+            session_id: command.session_id,
+            peer: command.sender_id,
+            text: command.text,
+            run_id: String::new(),
+            ts: command.received_at,
+        })
+        .await;
+    Ok(())
 }
 
 /// Resolves the session, from the cache when it was resolved in the last

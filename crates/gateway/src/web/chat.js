@@ -80,6 +80,44 @@ function onAgentEvent(ev) {
   }
 }
 
+// The inbox: every conversation on every channel, newest first (admins only).
+const conversations = new Map(); // sessionKey -> <li>
+function onInboxEvent(ev) {
+  let item = conversations.get(ev.sessionKey);
+  if (!item) {
+    item = document.createElement("li");
+    item.dataset.session = ev.sessionKey;
+    item.dataset.channel = ev.channel;
+    const channel = document.createElement("span");
+    channel.className = "channel";
+    channel.textContent = ev.channel;
+    const key = document.createElement("span");
+    key.className = "key";
+    key.textContent = ev.sessionKey;
+    const last = document.createElement("span");
+    last.className = "last";
+    item.append(channel, key, last);
+    item.addEventListener("click", () => {
+      $("session").value = ev.sessionKey;
+      loadHistory().catch((e) => setStatus(e.message, true));
+    });
+    conversations.set(ev.sessionKey, item);
+  }
+  item.dataset.direction = ev.direction;
+  item.querySelector(".last").textContent = (ev.direction === "in" ? "← " : "→ ") + ev.text;
+  $("conversations").prepend(item);
+}
+
+async function subscribeInbox() {
+  try {
+    await request("inbox.subscribe", {});
+    $("inbox").hidden = false;
+  } catch (e) {
+    // Not an admin: no inbox, the chat works as before.
+    $("inbox").hidden = true;
+  }
+}
+
 function connect() {
   if (ws) ws.close();
   const proto = location.protocol === "https:" ? "wss://" : "ws://";
@@ -94,12 +132,14 @@ function connect() {
       document.body.dataset.connected = "true";
       await loadSessions();
       await loadHistory();
+      await subscribeInbox();
     } catch (e) { setStatus(e.message, true); }
   };
   ws.onmessage = (m) => {
     const frame = JSON.parse(m.data);
     if (frame.type === "res") onResponse(frame);
     else if (frame.type === "event" && frame.event === "agent") onAgentEvent(frame.payload);
+    else if (frame.type === "event" && frame.event === "inbox") onInboxEvent(frame.payload);
   };
   ws.onclose = (e) => {
     document.body.dataset.connected = "false";
