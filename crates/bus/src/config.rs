@@ -73,6 +73,9 @@ pub struct BusConfig {
     pub max_deliver: i64,
     /// Unacknowledged messages a durable consumer hands out at once.
     pub max_ack_pending: i64,
+    /// Whether the router and delivery publish every message in and reply out on
+    /// `<prefix>.inbox.<channel>` (the inbox view); two more NATS messages per run.
+    pub inbox_events: bool,
 }
 
 impl Default for BusConfig {
@@ -109,6 +112,7 @@ impl Default for BusConfig {
             ack_gather_ms: 20,
             max_deliver: 10,
             max_ack_pending: 1024,
+            inbox_events: true,
         }
     }
 }
@@ -144,6 +148,7 @@ impl std::fmt::Debug for BusConfig {
             .field("ack_gather_ms", &self.ack_gather_ms)
             .field("max_deliver", &self.max_deliver)
             .field("max_ack_pending", &self.max_ack_pending)
+            .field("inbox_events", &self.inbox_events)
             .finish()
     }
 }

@@ -180,8 +180,12 @@ impl Bus {
         }
     }
 
-    /// Emits an inbox event on `<prefix>.inbox.<channel>` (fire and forget, as run events).
+    /// Emits an inbox event on `<prefix>.inbox.<channel>` (fire and forget, as run events),
+    /// unless `bus.inbox_events` is off.
     pub async fn emit_inbox(&self, event: &agentloop_proto::v1::InboxEvent) {
+        if !self.config.inbox_events {
+            return;
+        }
         let subject = self.subjects.inbox(&event.channel);
         if let Err(err) = self.publish_fast(subject, event, Encoding::Proto).await {
             tracing::warn!(error = %error_chain(&err), channel = %event.channel, "failed to emit an inbox event");
