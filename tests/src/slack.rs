@@ -256,3 +256,35 @@ async fn a_slow_reply_is_shown_while_written_and_updated_into_the_final_text() {
     );
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_long_reply_is_posted_in_pieces_slack_takes_in_the_thread() {
+    let (sandbox, slack) = stack().await;
+    let paragraph = "Every sentence here belongs to one long answer. ".repeat(30);
+    let long = [paragraph.trim(); 7].join("\n\n");
+    assert!(long.len() > 2 * 4000);
+    sandbox.fake.push_script(ScriptedReply::text(&long));
+    let body = message("C9", "channel", "1700000007.000700", "tell me all").to_string();
+    assert_eq!(
+        post(&sandbox, &body, SIGNING_SECRET, now()).await.status(),
+        200
+    );
+    sandbox.finished_runs(1).await.unwrap();
+    let pieces = agentloop_channels::chunk(&long, 4000).len();
+    assert!(pieces >= 3);
+    let texts = delivered(&slack, pieces).await;
+    assert!(texts.iter().all(|t| t.encode_utf16().count() <= 4000));
+    assert_eq!(
+        texts.join(" ").split_whitespace().collect::<Vec<_>>(),
+        long.split_whitespace().collect::<Vec<_>>(),
+        "the pieces are the answer, in order, nothing lost"
+    );
+    assert!(
+        slack
+            .posted()
+            .iter()
+            .all(|p| p.body["thread_ts"] == "1700000007.000700"),
+        "every piece in the message's thread"
+    );
+    sandbox.shutdown().await.unwrap();
+}

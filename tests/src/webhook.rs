@@ -106,17 +106,22 @@ async fn a_signed_message_gets_a_signed_reply_and_a_repeat_runs_once() {
 }
 
 #[tokio::test]
-async fn a_failing_receiver_is_retried_and_one_refusing_for_good_gets_a_dead_letter() {
+async fn a_rate_limiting_or_failing_receiver_is_retried_and_one_refusing_for_good_gets_a_dead_letter()
+ {
     let (sandbox, receiver) = stack().await;
     let mut dead = sandbox.subscribe("dlq.>").await;
-    receiver.fail_next([(503, None)]);
+    receiver.fail_next([(429, Some(1)), (503, None)]);
     assert_eq!(
         post(&sandbox, "crm", &message("m-2", "one"), SECRET, now()).await,
         200
     );
     let replies = accepted(&receiver, 1).await;
     assert_eq!(replies[0]["text"], "echo: one");
-    assert_eq!(receiver.received().len(), 2, "a 503, then the reply");
+    assert_eq!(
+        receiver.received().len(),
+        3,
+        "a 429 waited out as Retry-After says, a 503, then the reply"
+    );
 
     receiver.fail_next([(410, None)]);
     assert_eq!(
