@@ -2,17 +2,16 @@
 //! remembered once posted, so a retry after a later piece failed does not post the earlier
 //! ones again; rate limits waited out as the app asks; a refusal for good told apart.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
-
-use std::collections::HashMap;
 
 use agentloop_channels::{ChannelsConfig, SendError, chunk, meta, slack, telegram, webhook};
 use agentloop_proto::v1::OutboundMessage;
 
 use crate::failure::Failure;
-use crate::recent::Recent;
+use crate::recent::{Recent, delivery_key};
 
 /// Calls of one piece at most (the first and the retries after a `retry_after`).
 const ATTEMPTS: u32 = 3;
@@ -70,17 +69,53 @@ impl Apps {
         })
     }
 
+    /// Where `outbound` goes: `None` for a channel that is no app configured here, an error
+    /// for an app's reply that names no chat (its message did not come through the app).
+    fn destination<'a>(
+        &'a self,
+        outbound: &'a OutboundMessage,
+    ) -> Option<Result<Destination<'a>, Failure>> {
+        let channel = outbound.channel.as_str();
+        let (app, max_wait) = match channel {
+            telegram::CHANNEL => self.telegram.as_ref().map(|(c, w)| (App::Telegram(c), *w)),
+            slack::CHANNEL => self.slack.as_ref().map(|(c, w)| (App::Slack(c), *w)),
+            _ => self
+                .webhooks
+                .get(channel)
+                .map(|(c, w)| (App::Webhook(c), *w)),
+        }?;
+        let meta = |key: &str| outbound.metadata.get(key).map(String::as_str);
+        let Some(chat) = meta(meta::CHAT) else {
+            return Some(Err(Failure::Permanent(format!(
+                "a {channel} reply without a chat: its message did not come through the {channel} endpoint"
+            ))));
+        };
+        let group = outbound.metadata.contains_key(meta::GROUP);
+        Some(Ok(Destination {
+            app,
+            max_wait,
+            chat,
+            thread: meta(meta::THREAD),
+            message: meta(meta::MESSAGE),
+            group,
+            outbound,
+        }))
+    }
+
     /// Posts `outbound` to its chat app; `None` when its channel is no app configured here.
-    /// `ledger`: the reply's delivery id, under which posted pieces are remembered.
+    /// Posted pieces are remembered in `recent` under the reply's delivery key.
     pub(crate) async fn deliver(
         &self,
         outbound: &OutboundMessage,
-        ledger: Option<&str>,
         recent: &Mutex<Recent>,
     ) -> Option<Result<(), Failure>> {
-        let channel = outbound.channel.as_str();
+        let to = match self.destination(outbound)? {
+            Ok(to) => to,
+            Err(failure) => return Some(Err(failure)),
+        };
         if !outbound.r#final {
-            return self.progress(outbound).await;
+            self.progress(&to).await;
+            return Some(Ok(()));
         }
         // Forgotten only once the final reply is posted: a retry edits the same message.
         let streamed = self
@@ -88,146 +123,55 @@ impl Apps {
             .lock()
             .ok()
             .and_then(|s| s.get(&outbound.run_id).cloned());
-        let streamed = streamed.as_deref();
-        let chat = outbound.metadata.get(meta::CHAT);
-        let group = outbound.metadata.contains_key(meta::GROUP);
-        let thread = outbound.metadata.get(meta::THREAD);
-        let message = outbound.metadata.get(meta::MESSAGE);
-        let posted = match channel {
-            telegram::CHANNEL => {
-                let (client, max_wait) = self.telegram.as_ref()?;
-                let Some(chat) = chat else {
-                    return Some(Err(no_chat(channel)));
-                };
-                let target = telegram::Target {
-                    chat: chat.clone(),
-                    thread: thread.cloned(),
-                    // In a group, the answer quotes the message it answers.
-                    reply_to: message.filter(|_| group).cloned(),
-                };
-                let pieces = chunk(&outbound.text, telegram::MAX_MESSAGE);
-                let target = &target;
-                post_pieces(
-                    channel,
-                    &pieces,
-                    ledger,
-                    recent,
-                    *max_wait,
-                    |i, piece| async move {
-                        match (i, streamed) {
-                            // The message shown while the reply was written becomes its first piece.
-                            (0, Some(id)) => {
-                                client.edit_message_text(&target.chat, id, piece).await
-                            }
-                            _ => client.send_message(target, piece).await.map(drop),
-                        }
-                    },
-                )
-                .await
-            }
-            slack::CHANNEL => {
-                let (client, max_wait) = self.slack.as_ref()?;
-                let Some(chat) = chat else {
-                    return Some(Err(no_chat(channel)));
-                };
-                // In a channel, the answer goes in the thread of the message it answers.
-                let thread = thread.or(message.filter(|_| group)).map(String::as_str);
-                let pieces = chunk(&outbound.text, slack::MAX_MESSAGE);
-                post_pieces(
-                    channel,
-                    &pieces,
-                    ledger,
-                    recent,
-                    *max_wait,
-                    |i, piece| async move {
-                        match (i, streamed) {
-                            (0, Some(ts)) => client.update(chat, ts, piece).await,
-                            _ => client.post_message(chat, thread, piece).await.map(drop),
-                        }
-                    },
-                )
-                .await
-            }
-            _ => {
-                let (client, max_wait) = self.webhooks.get(channel)?;
-                let Some(chat) = chat else {
-                    return Some(Err(no_chat(channel)));
-                };
-                let reply = webhook::Reply {
-                    chat,
-                    thread: thread.map(String::as_str),
-                    reply_to: message.map(String::as_str),
-                    text: &outbound.text,
-                    error: &outbound.error,
-                    run_id: &outbound.run_id,
-                    session_key: &outbound.session_key,
-                };
-                let whole = [outbound.text.clone()];
-                post_pieces(channel, &whole, ledger, recent, *max_wait, |_, _| {
-                    client.post(&reply, unix_now())
-                })
-                .await
-            }
+        let pieces = match to.app {
+            App::Webhook(_) => vec![outbound.text.clone()],
+            _ => chunk(&outbound.text, to.max_len()),
         };
+        let ledger = delivery_key(outbound);
+        let posted = post_pieces(
+            to.channel(),
+            &pieces,
+            ledger.as_deref(),
+            recent,
+            to.max_wait,
+            |i, piece| {
+                let to = &to;
+                let streamed = streamed.as_deref();
+                async move {
+                    match (i, streamed) {
+                        // The message shown while the reply was written becomes its first piece.
+                        (0, Some(id)) => to.edit(id, piece).await,
+                        _ => to.post(piece).await.map(drop),
+                    }
+                }
+            },
+        )
+        .await;
         if posted.is_ok()
+            && streamed.is_some()
             && let Ok(mut streamed) = self.streamed.lock()
         {
             streamed.remove(&outbound.run_id);
         }
         Some(posted)
     }
-}
 
-impl Apps {
     /// Shows the reply so far: the first progress of a run posts a message, later ones edit
-    /// it. `None` for a channel that is no app configured here. Never an error: a lost
-    /// progress is superseded by the next one or by the final reply.
-    async fn progress(&self, outbound: &OutboundMessage) -> Option<Result<(), Failure>> {
-        let channel = outbound.channel.as_str();
-        let chat = outbound.metadata.get(meta::CHAT)?;
-        let thread = outbound.metadata.get(meta::THREAD);
-        let group = outbound.metadata.contains_key(meta::GROUP);
-        let message = outbound.metadata.get(meta::MESSAGE);
-        let max = match channel {
-            telegram::CHANNEL => telegram::MAX_MESSAGE,
-            slack::CHANNEL => slack::MAX_MESSAGE,
-            _ => return self.webhooks.get(channel).map(|_| Ok(())),
-        };
+    /// it. Never an error: a lost progress is superseded by the next one or by the final reply.
+    async fn progress(&self, to: &Destination<'_>) {
+        if matches!(to.app, App::Webhook(_)) {
+            // A webhook gets the final reply only.
+            return;
+        }
+        let run = &to.outbound.run_id;
         // While it is written, the first piece is shown; the final reply adds the rest.
-        let shown = chunk(&outbound.text, max).into_iter().next()?;
-        let known = self
-            .streamed
-            .lock()
-            .ok()
-            .and_then(|s| s.get(&outbound.run_id).cloned());
-        let posted = match (channel, known) {
-            (telegram::CHANNEL, known) => {
-                let (client, _) = self.telegram.as_ref()?;
-                match known {
-                    Some(id) => client
-                        .edit_message_text(chat, &id, &shown)
-                        .await
-                        .map(|()| id),
-                    None => {
-                        let target = telegram::Target {
-                            chat: chat.clone(),
-                            thread: thread.cloned(),
-                            reply_to: message.filter(|_| group).cloned(),
-                        };
-                        client.send_message(&target, &shown).await
-                    }
-                }
-            }
-            (_, known) => {
-                let (client, _) = self.slack.as_ref()?;
-                match known {
-                    Some(ts) => client.update(chat, &ts, &shown).await.map(|()| ts),
-                    None => {
-                        let thread = thread.or(message.filter(|_| group)).map(String::as_str);
-                        client.post_message(chat, thread, &shown).await
-                    }
-                }
-            }
+        let Some(shown) = chunk(&to.outbound.text, to.max_len()).into_iter().next() else {
+            return;
+        };
+        let known = self.streamed.lock().ok().and_then(|s| s.get(run).cloned());
+        let posted = match known {
+            Some(id) => to.edit(&id, &shown).await.map(|()| id),
+            None => to.post(&shown).await,
         };
         match posted {
             Ok(id) if !id.is_empty() => {
@@ -235,15 +179,93 @@ impl Apps {
                     if streamed.len() >= STREAMED_CAPACITY {
                         streamed.clear();
                     }
-                    streamed.insert(outbound.run_id.clone(), id);
+                    streamed.insert(run.clone(), id);
                 }
             }
             Ok(_) => {}
             Err(err) => {
-                tracing::info!(channel, run_id = %outbound.run_id, error = %err, "the reply so far was not shown; the final one follows");
+                tracing::info!(channel = to.channel(), run_id = %run, error = %err, "the reply so far was not shown; the final one follows");
             }
         }
-        Some(Ok(()))
+    }
+}
+
+/// The app a reply goes to, with its client.
+enum App<'a> {
+    Telegram(&'a telegram::Client),
+    Slack(&'a slack::Client),
+    Webhook(&'a webhook::Client),
+}
+
+/// Where one reply goes, read once from the metadata its inbound message carried.
+struct Destination<'a> {
+    app: App<'a>,
+    max_wait: Duration,
+    chat: &'a str,
+    thread: Option<&'a str>,
+    /// The platform's id of the message answered.
+    message: Option<&'a str>,
+    group: bool,
+    outbound: &'a OutboundMessage,
+}
+
+impl Destination<'_> {
+    fn channel(&self) -> &str {
+        &self.outbound.channel
+    }
+
+    fn max_len(&self) -> usize {
+        match self.app {
+            App::Telegram(_) => telegram::MAX_MESSAGE,
+            App::Slack(_) => slack::MAX_MESSAGE,
+            App::Webhook(_) => usize::MAX,
+        }
+    }
+
+    /// Posts `text` as a new message and returns its id (empty for a webhook).
+    async fn post(&self, text: &str) -> Result<String, SendError> {
+        match self.app {
+            App::Telegram(client) => {
+                let target = telegram::Target {
+                    chat: self.chat.to_owned(),
+                    thread: self.thread.map(str::to_owned),
+                    // In a group, the answer quotes the message it answers.
+                    reply_to: self.message.filter(|_| self.group).map(str::to_owned),
+                };
+                client.send_message(&target, text).await
+            }
+            App::Slack(client) => {
+                // In a channel, the answer goes in the thread of the message it answers.
+                let thread = self.thread.or(self.message.filter(|_| self.group));
+                client.post_message(self.chat, thread, text).await
+            }
+            App::Webhook(client) => {
+                let out = self.outbound;
+                let reply = webhook::Reply {
+                    chat: self.chat,
+                    thread: self.thread,
+                    reply_to: self.message,
+                    text,
+                    error: &out.error,
+                    run_id: &out.run_id,
+                    session_key: &out.session_key,
+                };
+                client
+                    .post(&reply, unix_now())
+                    .await
+                    .map(|()| String::new())
+            }
+        }
+    }
+
+    /// Replaces the text of the message `id` posted before.
+    async fn edit(&self, id: &str, text: &str) -> Result<(), SendError> {
+        match self.app {
+            App::Telegram(client) => client.edit_message_text(self.chat, id, text).await,
+            App::Slack(client) => client.update(self.chat, id, text).await,
+            // Never streamed (see `progress`), so never edited.
+            App::Webhook(_) => self.post(text).await.map(drop),
+        }
     }
 }
 
@@ -251,12 +273,6 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-fn no_chat(channel: &str) -> Failure {
-    Failure::Permanent(format!(
-        "a {channel} reply without a chat: its message did not come through the {channel} endpoint"
-    ))
 }
 
 /// Posts each piece not posted before, in order, remembering each once the app took it.

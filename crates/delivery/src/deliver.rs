@@ -16,7 +16,7 @@ use agentloop_proto::{
 
 use crate::apps::Apps;
 use crate::failure::Failure;
-use crate::recent::Recent;
+use crate::recent::{Recent, delivery_key};
 use crate::{DeliveryConfig, DeliveryError};
 
 const SERVICE: &str = "delivery";
@@ -122,8 +122,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
     let span = tracing::info_span!("deliver", subject = %msg.subject, run_id = %outbound.run_id, session_key = %outbound.session_key);
     agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
     async {
-        let key =
-            (outbound.r#final && !outbound.run_id.is_empty()).then(|| delivered_id(&outbound));
+        let key = delivery_key(&outbound);
         if let Some(key) = &key
             && ctx.recent.lock().is_ok_and(|recent| recent.contains(key))
         {
@@ -197,12 +196,7 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), Failure> {
         tracing::debug!(silent, handled, "nothing delivered to the channel");
         return Ok(());
     }
-    let ledger = (outbound.r#final && !outbound.run_id.is_empty()).then(|| delivered_id(outbound));
-    if let Some(posted) = ctx
-        .apps
-        .deliver(outbound, ledger.as_deref(), &ctx.recent)
-        .await
-    {
+    if let Some(posted) = ctx.apps.deliver(outbound, &ctx.recent).await {
         posted?;
         ctx.delivered.inc();
         return Ok(());
@@ -218,8 +212,7 @@ async fn deliver(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), Failure> {
     if captured(ctx, &outbound.channel).await? {
         // A stream keeps this channel's deliveries: stored means delivered, and a retry after
         // a lost confirmation carries the same id, so the stream keeps one copy.
-        let msg_id =
-            (outbound.r#final && !outbound.run_id.is_empty()).then(|| delivered_id(outbound));
+        let msg_id = delivery_key(outbound);
         ctx.bus
             .publish_confirmed(subject, outbound, Encoding::Json, msg_id.as_deref())
             .await
@@ -281,13 +274,4 @@ fn inbox_event(outbound: OutboundMessage) -> InboxEvent {
         run_id: outbound.run_id,
         ts: outbound.ts,
     }
-}
-
-/// The id of a final reply's delivery: one per run and outcome, so a redelivered reply is
-/// absorbed while an error reply after a set-aside still goes out.
-fn delivered_id(outbound: &OutboundMessage) -> String {
-    agentloop_proto::run_msg_id(
-        &outbound.run_id,
-        agentloop_proto::RunMessage::Delivered(outbound.error.is_empty()),
-    )
 }
