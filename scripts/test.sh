@@ -14,6 +14,8 @@ command -v openssl >/dev/null 2>&1 || { log "installing openssl"; apt-get instal
 bash tests/python/setup.sh
 # The MCP servers (npm) the runner's MCP tests start.
 bash tests/mcp/setup.sh
+# Node 24 and OpenClaw 2026.9.6, whose own CLI and TUI the gateway's compatibility test runs.
+bash bench/openclaw/install.sh >/dev/null
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 log "nats-server: $("$NATS_SERVER_BIN" --version), postgres: $DATABASE_URL"
 cargo nextest run --workspace --locked "$@"

@@ -28,6 +28,8 @@ mod knowledge;
 #[cfg(test)]
 mod mcp;
 #[cfg(test)]
+mod openclaw;
+#[cfg(test)]
 mod poison;
 #[cfg(test)]
 mod principals;

@@ -97,6 +97,11 @@ impl Subjects {
         format!("{}.events.{}.*", self.prefix, session_id)
     }
 
+    /// `<prefix>.events.>`: every run of every session.
+    pub fn all_events(&self) -> String {
+        format!("{}.events.>", self.prefix)
+    }
+
     /// `<prefix>.control.<session_id>`
     pub fn control(&self, session_id: &str) -> String {
         format!("{}.control.{}", self.prefix, session_id)

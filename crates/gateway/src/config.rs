@@ -127,6 +127,10 @@ pub struct GatewaySettings {
     /// The longest run timeout (`timeout`, `timeoutMs`) or `agent.wait` a client may ask for;
     /// longer ones are cut to it.
     pub max_timeout_ms: u64,
+    /// How often a connected WebSocket gets a `tick` event (announced in hello-ok as
+    /// `policy.tickIntervalMs`): OpenClaw clients close a connection that stays silent for two
+    /// intervals, and proxies drop idle ones.
+    pub tick_interval_ms: u64,
     /// Allows the placeholder tokens `CHANGE_ME` and `agentloop-dev-token`, which are refused
     /// at startup otherwise.
     pub dev_mode: bool,
@@ -145,6 +149,7 @@ impl Default for GatewaySettings {
             rate_limit_per_sec: 20,
             rate_limit_burst: 40,
             agents: vec!["main".to_owned()],
+            tick_interval_ms: 30_000,
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             trusted_proxies: Vec::new(),

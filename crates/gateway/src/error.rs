@@ -59,6 +59,9 @@ pub enum GatewayError {
     },
 }
 
+/// The reason given when a request carries no token where one is required.
+pub(crate) const NO_TOKEN: &str = "a token is required";
+
 /// Why one client request failed; each maps to a stable error code on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
@@ -72,8 +75,23 @@ pub enum RequestError {
     #[error("{0}")]
     InvalidRequest(String),
     /// The method does not exist.
-    #[error("unknown method {0:?}")]
+    #[error("unknown method: {0}")]
     UnknownMethod(String),
+    /// `connect` asked for protocol versions this gateway does not speak.
+    #[error(
+        "protocol mismatch: the client speaks {min}..={max}, this gateway {oldest}..={newest}",
+        oldest = crate::handshake::OLDEST_PROTOCOL,
+        newest = crate::handshake::PROTOCOL
+    )]
+    ProtocolMismatch {
+        /// The client's `minProtocol`.
+        min: u32,
+        /// The client's `maxProtocol`.
+        max: u32,
+    },
+    /// `connect` carried a device identity that does not prove itself.
+    #[error("{0}")]
+    Device(#[from] crate::device::DeviceError),
     /// The connection sends faster than its rate limit.
     #[error("rate limit exceeded: at most {per_sec} requests per second")]
     RateLimited {
@@ -111,7 +129,9 @@ impl RequestError {
         match self {
             Self::NotConnected => "NOT_CONNECTED",
             Self::Unauthorized(_) => "UNAUTHORIZED",
-            Self::InvalidRequest(_) => "INVALID_REQUEST",
+            Self::InvalidRequest(_) | Self::ProtocolMismatch { .. } | Self::Device(_) => {
+                "INVALID_REQUEST"
+            }
             Self::UnknownMethod(_) => "UNKNOWN_METHOD",
             Self::RateLimited { .. } | Self::AuthThrottled { .. } => "RATE_LIMITED",
             Self::FrameTooLarge { .. } => "FRAME_TOO_LARGE",
@@ -119,6 +139,27 @@ impl RequestError {
             Self::Forbidden(_) => "FORBIDDEN",
             Self::Unavailable(_) => "UNAVAILABLE",
         }
+    }
+
+    /// Returns the `details` OpenClaw clients read to decide whether to retry (`None`: no
+    /// details).
+    pub fn details(&self) -> Option<serde_json::Value> {
+        let code = match self {
+            Self::Unauthorized(reason) if reason == NO_TOKEN => "AUTH_TOKEN_MISSING",
+            Self::Unauthorized(_) => "AUTH_TOKEN_MISMATCH",
+            Self::Device(error) => error.detail_code(),
+            Self::ProtocolMismatch { min, max } => {
+                return Some(serde_json::json!({
+                    "code": "PROTOCOL_MISMATCH",
+                    "clientMinProtocol": min,
+                    "clientMaxProtocol": max,
+                    "expectedProtocol": crate::handshake::PROTOCOL,
+                    "minimumProtocol": crate::handshake::OLDEST_PROTOCOL,
+                }));
+            }
+            _ => return None,
+        };
+        Some(serde_json::json!({ "code": code }))
     }
 
     /// Returns whether the same request may succeed later.

@@ -17,6 +17,13 @@ pub(crate) enum Outgoing {
         /// Its payload.
         payload: Value,
     },
+    /// An event sent outside the numbered sequence (`connect.challenge`).
+    Unnumbered {
+        /// The event name.
+        event: &'static str,
+        /// Its payload.
+        payload: Value,
+    },
     /// Closes the connection with a code and reason.
     Close(u16, String),
 }
@@ -28,12 +35,12 @@ pub(crate) fn ok(id: &Value, payload: Value) -> Outgoing {
 
 /// Returns an error response frame.
 pub(crate) fn err(id: &Value, error: &RequestError) -> Outgoing {
-    Outgoing::Frame(json!({
-        "type": "res",
-        "id": id,
-        "ok": false,
-        "error": {"code": error.code(), "message": error.to_string(), "retryable": error.retryable()},
-    }))
+    let mut body =
+        json!({"code": error.code(), "message": error.to_string(), "retryable": error.retryable()});
+    if let Some(details) = error.details() {
+        body["details"] = details;
+    }
+    Outgoing::Frame(json!({"type": "res", "id": id, "ok": false, "error": body}))
 }
 
 #[cfg(test)]

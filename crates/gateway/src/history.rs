@@ -61,18 +61,30 @@ pub(crate) async fn chat_history(
     } else {
         Value::Null
     };
-    let messages: Vec<Value> = entries
-        .into_iter()
-        .map(|e| {
-            json!({"seq": e.seq, "role": e.role, "content": e.content, "runId": e.run_id,
-                   "toolName": e.tool_name, "toolCallId": e.tool_call_id,
-                   "ts": e.created_at.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))})
-        })
-        .collect();
+    let messages: Vec<Value> = entries.into_iter().map(row).collect();
     Ok(
         json!({"sessionKey": p.session_key, "sessionId": session_id, "messages": messages,
               "hasMore": more, "nextBefore": next_before}),
     )
+}
+
+/// A transcript entry as a history row: agentloop's fields (`content` as text, `ts`), and
+/// OpenClaw's (`timestamp`, and a user entry's `idempotencyKey` as `<key>:user`, by which a
+/// client recognises the message it sent).
+fn row(entry: Entry) -> Value {
+    let ts = entry
+        .created_at
+        .map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000));
+    let mut row = json!({"seq": entry.seq, "role": entry.role, "content": entry.content,
+        "runId": entry.run_id, "toolName": entry.tool_name, "toolCallId": entry.tool_call_id,
+        "ts": ts, "timestamp": ts});
+    if entry.role == "user"
+        && let Ok(data) = serde_json::from_str::<Value>(&entry.data)
+        && let Some(key) = data.get("idempotencyKey").and_then(Value::as_str)
+    {
+        row["idempotencyKey"] = json!(format!("{key}:user"));
+    }
+    row
 }
 
 /// Returns the newest `limit` entries older than `before` (all when `None`), oldest first, and

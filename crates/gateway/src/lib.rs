@@ -1,15 +1,18 @@
-//! Gateway: the front door. Owns the client protocols: the WebSocket RPC on `/ws`, the
-//! OpenAI-compatible `/v1/chat/completions` and `/v1/models`, the web chat page on `/`, and the
-//! `<prefix>.ask` request/reply responder. Consumes client frames; produces InboundMessages on
-//! `<prefix>.inbound.<channel>` and streams each run's SystemEvents and final reply back to the
-//! client that sent it. Idempotency records live in memory, so every replica sees them.
+//! Gateway: the front door. Owns the client protocols: the WebSocket RPC on `/ws` (and on `/`,
+//! where OpenClaw's clients connect), the OpenAI-compatible `/v1/chat/completions` and
+//! `/v1/models`, the web chat page on `/`, and the `<prefix>.ask` request/reply responder.
+//! Consumes client frames; produces InboundMessages on `<prefix>.inbound.<channel>` and streams
+//! each run's SystemEvents and final reply back to the client that sent it. Idempotency records
+//! live in memory, so every replica sees them.
 
 mod ask;
 mod config;
+mod device;
 mod dispatch;
 mod error;
 mod frames;
 mod guard;
+mod handshake;
 mod history;
 mod http;
 mod inbox;
@@ -22,13 +25,16 @@ mod params;
 mod principal;
 mod sessions;
 mod state;
+mod status;
 mod telegram_poll;
 mod usage;
+mod watch;
 mod webhooks;
 mod ws;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
 pub use config::{GatewayConfig, GatewaySettings, ModelPolicy, PLACEHOLDER_TOKENS, Price};
+pub use device::DeviceError;
 pub use error::{GatewayError, RequestError};
 pub use principal::{Scope, Secret, TokenGrant};
 
@@ -125,6 +131,8 @@ impl Gateway {
             guard: Arc::new(guard),
             limits: limits::Limits::new(&config.gateway),
             shutdown: shutdown.clone(),
+            health: health.clone(),
+            started: std::time::Instant::now(),
         };
         let guard = state.guard.clone();
         let app = agentloop_lifecycle::admin_routes(health.clone())

@@ -1,5 +1,7 @@
 //! The WebSocket methods after `connect`: `agent`, `agent.wait`, `chat.send`, `chat.abort`,
-//! `chat.history`, `sessions.list`, `sessions.reset`, `sessions.patch`.
+//! `chat.history`, the `sessions.*` methods, the gateway's own `health`, `status`,
+//! `agents.list` and `commands.list`, and the admin's `inbox.subscribe`. Shapes follow
+//! OpenClaw's gateway protocol where it has the method, so its clients work unmodified.
 //!
 //! Each acts for the connection's principal: it needs the method's scope, and memory answers
 //! a session (or run) of another principal as not found. No method but `agent`/`chat.send`
@@ -21,23 +23,41 @@ use crate::frames::{Outgoing, err, ok};
 use crate::params::{client_timeout, no_nul, parse};
 use crate::principal::{Principal, Scope};
 use crate::state::AppState;
+use crate::status::{self, millis_now};
 use crate::{RequestError, memories, sessions, usage};
 
-/// Every method, as `connect` announces them.
-pub(crate) const METHODS: [&str; 13] = [
+/// Every method, as hello-ok announces them: exactly what [`call`] serves.
+pub(crate) const METHODS: [&str; 19] = [
     "connect",
+    "health",
+    "status",
+    "agents.list",
+    "commands.list",
     "agent",
     "agent.wait",
     "chat.send",
     "chat.abort",
     "chat.history",
     "sessions.list",
+    "sessions.describe",
+    "sessions.subscribe",
     "sessions.reset",
     "sessions.patch",
     "sessions.usage",
     "memory.list",
     "memory.forget",
     "inbox.subscribe",
+];
+
+/// Every event a connection may get, as hello-ok announces them.
+pub(crate) const EVENTS: [&str; 7] = [
+    "connect.challenge",
+    "tick",
+    "shutdown",
+    "agent",
+    "chat",
+    "sessions.changed",
+    "inbox",
 ];
 
 /// `agent.wait` waits this long when the client names no `timeoutMs`.
@@ -48,9 +68,9 @@ const CHANNEL: &str = "webchat";
 /// The scope a method needs; `None` for a method that does not exist.
 fn scope_of(method: &str) -> Option<Scope> {
     match method {
-        "agent.wait" | "chat.history" | "sessions.list" | "sessions.usage" | "memory.list" => {
-            Some(Scope::Read)
-        }
+        "health" | "status" | "agents.list" | "commands.list" | "agent.wait" | "chat.history"
+        | "sessions.list" | "sessions.describe" | "sessions.subscribe" | "sessions.usage"
+        | "memory.list" => Some(Scope::Read),
         "agent" | "chat.send" | "chat.abort" | "sessions.reset" | "sessions.patch"
         | "memory.forget" => Some(Scope::Write),
         "inbox.subscribe" => Some(Scope::Admin),
@@ -80,6 +100,14 @@ pub(crate) async fn call(
         (Ok(()), "inbox.subscribe") => {
             return crate::inbox::subscribe(state, &id, &out_tx, closed).await;
         }
+        (Ok(()), "sessions.subscribe") => {
+            return crate::watch::subscribe(state, who, &id, &out_tx, closed).await;
+        }
+        (Ok(()), "health") => Ok(status::health(state)),
+        (Ok(()), "status") => status::status(state, who).await,
+        (Ok(()), "agents.list") => Ok(status::agents_list(state)),
+        (Ok(()), "commands.list") => Ok(status::commands_list()),
+        (Ok(()), "sessions.describe") => sessions::sessions_describe(state, who, params).await,
         (Ok(()), "agent.wait") => agent_wait(state, who, params).await,
         (Ok(()), "chat.abort") => sessions::chat_abort(state, who, params).await,
         (Ok(()), "chat.history") => crate::history::chat_history(state, who, params).await,
@@ -148,14 +176,21 @@ fn submission(
         metadata.insert("model".to_owned(), model);
     }
     let timeout = client_timeout(state, p.timeout, p.timeout_ms)?;
+    let agent_id = p.agent_id.unwrap_or_default();
+    // OpenClaw's default: the agent's main session.
+    let session_key = p.session_key.filter(|k| !k.is_empty()).unwrap_or_else(|| {
+        let agent = if agent_id.is_empty() {
+            status::default_agent(state)
+        } else {
+            &agent_id
+        };
+        status::main_session_key(agent)
+    });
     Ok(Submission {
-        session_key: p
-            .session_key
-            .filter(|k| !k.is_empty())
-            .unwrap_or_else(|| "main".into()),
+        session_key,
         text: p.message,
         idempotency_key: p.idempotency_key,
-        agent_id: p.agent_id.unwrap_or_default(),
+        agent_id,
         channel: CHANNEL.to_owned(),
         sender_id: p.sender_id.unwrap_or_default(),
         queue_mode: p.queue_mode.unwrap_or_default(),
@@ -163,13 +198,6 @@ fn submission(
         timeout,
         caller: who.caller(),
     })
-}
-
-fn millis_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// `agent`: answers `accepted` at once, streams `agent` events, answers again at the end.
@@ -189,6 +217,8 @@ async fn agent(
     };
     let handle = accepted.run_handle.clone();
     let session_key = accepted.session_key.clone();
+    let session_id = accepted.session_id.clone();
+    let began = Instant::now();
     let _ = out_tx
         .send(ok(
             id,
@@ -217,9 +247,13 @@ async fn agent(
             }
         })
         .await;
-    let _ = out_tx
-        .send(ok(id, final_payload(&handle, &session_key, &finished)))
-        .await;
+    let ended = Ended {
+        handle: &handle,
+        session_key: &session_key,
+        session_id: &session_id,
+        took: began.elapsed(),
+    };
+    let _ = out_tx.send(ok(id, ended.payload(&finished))).await;
 }
 
 async fn start(
@@ -240,19 +274,50 @@ async fn start(
     .await
 }
 
-fn final_payload(handle: &str, session_key: &str, finished: &Finished) -> Value {
-    let mut payload = json!({
-        "runId": handle,
-        "status": finished.status.as_str(),
-        "text": finished.text,
-        "sessionKey": session_key,
-        "agentRunId": finished.agent_run_id,
-        "endedAt": millis_now(),
-    });
-    if !finished.error.is_empty() {
-        payload["error"] = json!(finished.error);
+/// An `agent` request's run, as its final answer reports it.
+struct Ended<'a> {
+    handle: &'a str,
+    session_key: &'a str,
+    session_id: &'a str,
+    took: Duration,
+}
+
+impl Ended<'_> {
+    /// The final answer: agentloop's fields, and OpenClaw's `summary` and `result.payloads`
+    /// (what `openclaw agent` prints).
+    fn payload(&self, finished: &Finished) -> Value {
+        let ok = finished.status == dispatch::EndStatus::Ok;
+        let payloads = if ok && !finished.text.is_empty() {
+            json!([{"text": finished.text, "mediaUrl": null}])
+        } else {
+            json!([])
+        };
+        let summary = if ok {
+            "completed"
+        } else {
+            finished.error.as_str()
+        };
+        let mut payload = json!({
+            "runId": self.handle,
+            "status": finished.status.as_str(),
+            "summary": summary,
+            "text": finished.text,
+            "sessionKey": self.session_key,
+            "agentRunId": finished.agent_run_id,
+            "endedAt": millis_now(),
+            "result": {
+                "payloads": payloads,
+                "meta": {
+                    "durationMs": self.took.as_millis(),
+                    "agentMeta": {"sessionId": self.session_id, "runId": finished.agent_run_id},
+                },
+            },
+        });
+        if !finished.error.is_empty() {
+            payload["error"] = json!(finished.error);
+        }
+        payload
     }
-    payload
 }
 
 /// Returns the client's view of a run event: the gateway's run id, the rest as on the bus.
@@ -273,10 +338,19 @@ pub(crate) fn event_payload(run_handle: &str, event: &SystemEvent) -> Value {
             payload.insert(name.into(), json!(value));
         }
     }
-    if !event.data.is_empty() {
-        let data = serde_json::from_str(&event.data).unwrap_or_else(|_| json!(event.data));
-        payload.insert("data".into(), data);
+    // OpenClaw's clients read the phase (and a delta) inside `data`.
+    let mut data = if event.data.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_str(&event.data).unwrap_or_else(|_| json!(event.data))
+    };
+    if let Value::Object(fields) = &mut data {
+        fields.entry("phase").or_insert_with(|| json!(event.phase));
+        if !event.delta.is_empty() {
+            fields.entry("delta").or_insert_with(|| json!(event.delta));
+        }
     }
+    payload.insert("data".into(), data);
     if let Some(ts) = &event.ts {
         let ms = ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000);
         payload.insert("ts".into(), json!(ms));
@@ -307,17 +381,18 @@ async fn chat_send(
             json!({"runId": handle, "status": "started", "duplicate": accepted.duplicate}),
         ))
         .await;
-    let mut text = String::new();
+    let mut chat = ChatEvents {
+        handle: &handle,
+        session_key: &session_key,
+        text: String::new(),
+        seq: 0,
+    };
     let finished = accepted
         .finish(|event| {
             let out_tx = out_tx.clone();
             let payload = event
                 .is(EventStream::Assistant, EventPhase::Delta)
-                .then(|| {
-                    text.push_str(&event.delta);
-                    json!({"runId": handle, "sessionKey": session_key, "state": "delta",
-                       "delta": event.delta, "text": text})
-                });
+                .then(|| chat.delta(&event.delta));
             async move {
                 if let Some(payload) = payload {
                     let _ = out_tx
@@ -330,19 +405,60 @@ async fn chat_send(
             }
         })
         .await;
-    let payload = match finished.status {
-        dispatch::EndStatus::Ok => {
-            json!({"runId": handle, "sessionKey": session_key, "state": "final", "text": finished.text})
-        }
-        _ => json!({"runId": handle, "sessionKey": session_key, "state": "error",
-                    "status": finished.status.as_str(), "errorMessage": finished.error}),
-    };
+    let payload = chat.end(&finished);
     let _ = out_tx
         .send(Outgoing::Event {
             event: "chat",
             payload,
         })
         .await;
+}
+
+/// The `chat` events of one `chat.send`, numbered per run as OpenClaw numbers them.
+struct ChatEvents<'a> {
+    handle: &'a str,
+    session_key: &'a str,
+    /// The answer so far.
+    text: String,
+    seq: u64,
+}
+
+impl ChatEvents<'_> {
+    /// An assistant message as OpenClaw's clients render it.
+    fn message(text: &str) -> Value {
+        json!({"role": "assistant", "content": [{"type": "text", "text": text}], "timestamp": millis_now()})
+    }
+
+    /// A `delta`: `message` holds the whole answer so far, `deltaText` (and `delta`) the piece.
+    fn delta(&mut self, piece: &str) -> Value {
+        self.text.push_str(piece);
+        self.seq += 1;
+        json!({"runId": self.handle, "sessionKey": self.session_key, "seq": self.seq,
+               "state": "delta", "deltaText": piece, "delta": piece, "text": self.text,
+               "message": Self::message(&self.text)})
+    }
+
+    /// The `final` (with the answer) or `error` event.
+    fn end(&mut self, finished: &Finished) -> Value {
+        self.seq += 1;
+        match finished.status {
+            dispatch::EndStatus::Ok => {
+                json!({"runId": self.handle, "sessionKey": self.session_key, "seq": self.seq,
+                       "state": "final", "stopReason": "stop", "text": finished.text,
+                       "message": Self::message(&finished.text)})
+            }
+            status => {
+                let kind = if status == dispatch::EndStatus::Timeout {
+                    "timeout"
+                } else {
+                    "unknown"
+                };
+                json!({"runId": self.handle, "sessionKey": self.session_key, "seq": self.seq,
+                       "state": "error", "status": status.as_str(), "errorKind": kind,
+                       "errorMessage": finished.error})
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -382,6 +498,17 @@ async fn agent_wait(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_announced_method_has_a_scope() {
+        for method in METHODS.iter().filter(|m| **m != "connect") {
+            assert!(
+                scope_of(method).is_some(),
+                "{method} is announced but not served"
+            );
+        }
+        assert!(scope_of("no.such.method").is_none());
+    }
 
     #[test]
     fn event_payloads_use_the_gateway_run_id_and_parse_data() {

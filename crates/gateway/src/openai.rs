@@ -58,9 +58,10 @@ impl From<RequestError> for ApiError {
                 (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error")
             }
             RequestError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
-            RequestError::InvalidRequest(_) | RequestError::UnknownMethod(_) => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error")
-            }
+            RequestError::InvalidRequest(_)
+            | RequestError::UnknownMethod(_)
+            | RequestError::ProtocolMismatch { .. }
+            | RequestError::Device(_) => (StatusCode::BAD_REQUEST, "invalid_request_error"),
         };
         Self {
             status,

@@ -1,4 +1,5 @@
-//! The session methods: `sessions.list`, `sessions.reset`, `sessions.patch`, `chat.abort`, and
+//! The session methods: `sessions.list`, `sessions.describe`, `sessions.reset`,
+//! `sessions.patch`, `chat.abort`, and
 //! the lookup of a session key that `chat.history` shares. Each names the caller to memory, which
 //! answers a session of another principal as not found; none of them creates a session.
 
@@ -129,7 +130,13 @@ pub(crate) async fn chat_abort(
     )
     .await
     .map_err(|e| RequestError::Unavailable(agentloop_bus::error_chain(&e)))?;
-    Ok(json!({"status": "abort-requested", "sessionId": session_id, "runId": p.run_id}))
+    // OpenClaw's shape: `aborted` says the stop was handed to the session's owner, which ends
+    // the live run if there is one (a session at rest has nothing to stop).
+    let run_ids: Vec<&str> = p.run_id.as_deref().into_iter().collect();
+    Ok(
+        json!({"ok": true, "aborted": true, "runIds": run_ids, "status": "abort-requested",
+              "sessionId": session_id, "runId": p.run_id}),
+    )
 }
 
 fn session_json(s: SessionInfo) -> Value {
@@ -137,7 +144,7 @@ fn session_json(s: SessionInfo) -> Value {
         t.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))
     };
     json!({
-        "key": s.key, "sessionId": s.id, "agentId": s.agent_id, "channel": s.channel,
+        "key": s.key, "sessionId": s.id, "agentId": s.agent_id, "channel": s.channel, "kind": "direct",
         "model": s.model_override, "queueMode": s.queue_mode, "thinkingLevel": s.thinking_level,
         "inputTokens": s.input_tokens, "outputTokens": s.output_tokens,
         "createdAt": ms(s.created_at), "updatedAt": ms(s.updated_at),
@@ -163,6 +170,29 @@ pub(crate) async fn sessions_list(
         .into_inner();
     let sessions: Vec<Value> = list.sessions.into_iter().map(session_json).collect();
     Ok(json!({"sessions": sessions}))
+}
+
+/// `sessions.describe`: the session keyed `key` that `who` sees, or `null`.
+pub(crate) async fn sessions_describe(
+    state: &AppState,
+    who: &Principal,
+    params: Value,
+) -> Result<Value, RequestError> {
+    let p: SessionParams = parse::<SessionParams>("sessions.describe", params)?.check()?;
+    check_key(&p.session_key)?;
+    let found = state
+        .sessions
+        .clone()
+        .list_sessions(ListSessionsRequest {
+            limit: 1,
+            session_key: p.session_key.clone(),
+            caller: Some(who.caller()),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let session = found.sessions.into_iter().next().map(session_json);
+    Ok(json!({"session": session}))
 }
 
 pub(crate) async fn sessions_reset(

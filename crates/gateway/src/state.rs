@@ -34,6 +34,10 @@ pub(crate) struct AppState {
     pub(crate) limits: Limits,
     /// Cancelled on shutdown: open WebSocket connections close.
     pub(crate) shutdown: tokio_util::sync::CancellationToken,
+    /// What `/readyz` reports (the whole process in `agentloop all`), for the `health` method.
+    pub(crate) health: agentloop_lifecycle::Health,
+    /// When the gateway started serving.
+    pub(crate) started: std::time::Instant,
 }
 
 impl AppState {
@@ -117,7 +121,7 @@ impl AppState {
             ));
         }
         match token {
-            None | Some("") => Err(RequestError::Unauthorized("a token is required".into())),
+            None | Some("") => Err(RequestError::Unauthorized(crate::error::NO_TOKEN.into())),
             Some(token) => tokens
                 .iter()
                 .find(|t| constant_time_eq(t.token.expose(), token))

@@ -1,6 +1,8 @@
-//! `/ws`: the WebSocket RPC. Frames are JSON: `{"type":"req","id","method","params"}` from the
-//! client, `{"type":"res","id","ok","payload"|"error"}` and `{"type":"event","event","payload",
-//! "seq"}` from the gateway. `connect` (with the token) must come first.
+//! `/ws` (and `/` with an upgrade): the WebSocket RPC. Frames are JSON:
+//! `{"type":"req","id","method","params"}` from the client, `{"type":"res","id","ok",
+//! "payload"|"error"}` and `{"type":"event","event","payload","seq"}` from the gateway. The
+//! gateway speaks first (`connect.challenge`), `connect` (with the token) must be the client's
+//! first request, and a connected client gets a `tick` event every `gateway.tick_interval_ms`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -21,13 +23,12 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::frames::{Outgoing, err, ok};
+use crate::handshake::{ConnectParams, Hello};
 use crate::limits::{ClientSlot, PendingSlot};
 use crate::principal::Principal;
 use crate::state::AppState;
 use crate::{RequestError, methods};
 
-/// Protocol version announced by `connect`.
-const PROTOCOL: u32 = 1;
 /// Frames waiting for a slow client before request handlers wait for it (backpressure).
 const OUTGOING_CAPACITY: usize = 256;
 /// The transport refuses frames this many times the configured limit; up to that the gateway
@@ -58,14 +59,16 @@ pub(crate) async fn upgrade(
     ws.max_frame_size(hard)
         .max_message_size(hard)
         .on_upgrade(move |socket| {
-            let span = tracing::info_span!("ws", %peer, %client, conn_id = %agentloop_bus::nuid());
-            connection(socket, client, slots, state).instrument(span)
+            let conn_id = uuid::Uuid::new_v4().to_string();
+            let span = tracing::info_span!("ws", %peer, %client, %conn_id);
+            connection(socket, client, conn_id, slots, state).instrument(span)
         })
 }
 
 async fn connection(
     socket: WebSocket,
     client: IpAddr,
+    conn_id: String,
     (_client_slot, pending): (ClientSlot, PendingSlot),
     state: AppState,
 ) {
@@ -80,6 +83,9 @@ async fn connection(
                     seq += 1;
                     json!({"type": "event", "event": event, "payload": payload, "seq": seq})
                         .to_string()
+                }
+                Outgoing::Unnumbered { event, payload } => {
+                    json!({"type": "event", "event": event, "payload": payload}).to_string()
                 }
                 Outgoing::Close(code, reason) => {
                     let frame = CloseFrame {
@@ -96,10 +102,20 @@ async fn connection(
         }
     };
     let writer = tokio::spawn(writer);
+    // The nonce a device signs: proof made for this connection, worthless on another.
+    let challenge = uuid::Uuid::new_v4().to_string();
+    let _ = out_tx
+        .send(Outgoing::Unnumbered {
+            event: "connect.challenge",
+            payload: json!({"nonce": challenge, "ts": crate::status::millis_now()}),
+        })
+        .await;
     // Cancelled when the client is gone: subscriptions end, runs go on.
     let closed = tokio_util::sync::CancellationToken::new();
     let limit = state.config.gateway.max_frame_bytes;
     let mut conn = Conn {
+        challenge,
+        conn_id,
         principal: None,
         pending: Some(pending),
         bucket: Bucket::new(
@@ -112,11 +128,22 @@ async fn connection(
     let shutdown = state.shutdown.clone();
     let connect_within = Duration::from_millis(state.config.gateway.connect_timeout_ms);
     let connect_deadline = Instant::now() + connect_within;
+    let every = crate::handshake::tick_interval(&state);
+    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let next = tokio::select! {
             () = shutdown.cancelled() => {
+                let stopping = Outgoing::Event { event: "shutdown", payload: json!({"reason": "gateway stopping"}) };
+                let _ = out_tx.send(stopping).await;
                 let _ = out_tx.send(Outgoing::Close(close_code::AWAY, "gateway shutting down".into())).await;
                 break;
+            }
+            // A client that hears nothing for two intervals takes the connection for dead.
+            _ = ticks.tick(), if conn.principal.is_some() => {
+                let tick = Outgoing::Event { event: "tick", payload: json!({"ts": crate::status::millis_now()}) };
+                let _ = out_tx.send(tick).await;
+                continue;
             }
             // A socket that never authenticates holds a place others need.
             () = tokio::time::sleep_until(connect_deadline), if conn.principal.is_none() => {
@@ -163,11 +190,9 @@ async fn connection(
             Accepted::Reply(outgoing) => {
                 let _ = out_tx.send(outgoing).await;
             }
-            Accepted::Refuse(outgoing, reason) => {
+            Accepted::Refuse(outgoing, code, reason) => {
                 let _ = out_tx.send(outgoing).await;
-                let _ = out_tx
-                    .send(Outgoing::Close(close_code::POLICY, reason.into()))
-                    .await;
+                let _ = out_tx.send(Outgoing::Close(code, reason)).await;
                 break;
             }
             Accepted::Call {
@@ -205,6 +230,10 @@ async fn refuse_oversized(out_tx: &mpsc::Sender<Outgoing>, size: usize, limit: u
 
 /// The state of one connection's reader.
 struct Conn {
+    /// The nonce of this connection's `connect.challenge`.
+    challenge: String,
+    /// The connection's id, told to the client in hello-ok.
+    conn_id: String,
     /// Whom the connection acts for, once `connect` succeeded.
     principal: Option<Principal>,
     /// Its place among the sockets waiting for `connect`, given up by `connect`.
@@ -215,8 +244,8 @@ struct Conn {
 enum Accepted {
     /// Answer at once.
     Reply(Outgoing),
-    /// Answer, then close the connection with the reason.
-    Refuse(Outgoing, &'static str),
+    /// Answer, then close the connection with the code and reason.
+    Refuse(Outgoing, u16, String),
     /// Run the method.
     Call {
         principal: Principal,
@@ -260,20 +289,22 @@ impl Conn {
                 let error = RequestError::InvalidRequest("already connected".into());
                 return Accepted::Reply(err(&id, &error));
             }
-            let token = params
-                .pointer("/auth/token")
-                .or_else(|| params.get("token"))
-                .and_then(Value::as_str);
-            return match state.authorize(client, token) {
-                Ok(principal) => {
-                    self.principal = Some(principal);
-                    self.pending = None;
-                    Accepted::Reply(ok(&id, hello(state)))
+            return match self.connect(params, client, state) {
+                Ok(hello) => Accepted::Reply(ok(&id, hello)),
+                Err(error) => {
+                    let code = match error {
+                        RequestError::ProtocolMismatch { .. } => close_code::PROTOCOL,
+                        _ => close_code::POLICY,
+                    };
+                    let reason = match &error {
+                        RequestError::AuthThrottled { .. } => {
+                            "too many failed authentications".to_owned()
+                        }
+                        RequestError::Unauthorized(_) => "unauthorized".to_owned(),
+                        other => other.to_string(),
+                    };
+                    Accepted::Refuse(err(&id, &error), code, reason)
                 }
-                Err(error @ RequestError::AuthThrottled { .. }) => {
-                    Accepted::Refuse(err(&id, &error), "too many failed authentications")
-                }
-                Err(error) => Accepted::Refuse(err(&id, &error), "unauthorized"),
             };
         }
         let Some(principal) = &self.principal else {
@@ -288,21 +319,34 @@ impl Conn {
     }
 }
 
-fn hello(state: &AppState) -> Value {
-    let settings = &state.config.gateway;
-    json!({
-        "type": "hello-ok",
-        "protocol": PROTOCOL,
-        "server": {"name": "agentloop-gateway", "version": env!("CARGO_PKG_VERSION")},
-        "features": {"methods": methods::METHODS, "events": ["agent", "chat"]},
-        "policy": {
-            "maxFrameBytes": settings.max_frame_bytes,
-            "rateLimitPerSec": settings.rate_limit_per_sec,
-            "rateLimitBurst": settings.rate_limit_burst,
-            "maxTimeoutMs": settings.max_timeout_ms,
-            "maxHistoryLimit": crate::history::MAX_LIMIT,
-        },
-    })
+impl Conn {
+    /// Checks `connect` (protocol, token, then the device's proof) and returns hello-ok.
+    fn connect(
+        &mut self,
+        params: Value,
+        client: IpAddr,
+        state: &AppState,
+    ) -> Result<Value, RequestError> {
+        let params = ConnectParams::parse(params)?;
+        let protocol = params.protocol()?;
+        let principal = state.authorize(client, params.token())?;
+        let now = i64::try_from(crate::status::millis_now()).unwrap_or(i64::MAX);
+        let device_id = params.device_id(&self.challenge, now)?;
+        if let Some(device) = &device_id {
+            tracing::info!(device, "device identity verified");
+        }
+        let hello = Hello {
+            state,
+            who: &principal,
+            conn_id: &self.conn_id,
+            protocol,
+            device_id: device_id.as_deref(),
+        }
+        .payload();
+        self.principal = Some(principal);
+        self.pending = None;
+        Ok(hello)
+    }
 }
 
 /// A token bucket: `burst` requests at once, refilled at `per_sec`.

@@ -17,6 +17,9 @@ pub type RunnerTweak = Box<dyn FnOnce(&mut agentloop_agent_runner::RunnerConfig)
 /// Adjusts memory's configuration before it starts.
 pub type MemoryTweak = Box<dyn FnOnce(&mut agentloop_memory::MemoryConfig) + Send>;
 
+/// Adjusts the gateway's settings before it starts.
+pub type GatewayTweak = Box<dyn FnOnce(&mut agentloop_gateway::GatewaySettings) + Send>;
+
 /// How to build a sandbox.
 #[derive(Default)]
 pub struct SandboxOptions {
@@ -36,6 +39,8 @@ pub struct SandboxOptions {
     pub no_delivery: bool,
     /// `[channels]` of the gateway and delivery (chat apps).
     pub channels: Option<agentloop_channels::ChannelsConfig>,
+    /// Changes to the gateway's settings (tick interval, limits).
+    pub gateway: Option<GatewayTweak>,
 }
 
 /// A running stack.
@@ -168,6 +173,9 @@ impl Sandbox {
         gateway.gateway.tokens = tokens.into_iter().map(Into::into).collect();
         gateway.memory.url = memory_url.clone();
         gateway.models.default_model = "openai/fake-echo".to_owned();
+        if let Some(tweak) = options.gateway {
+            tweak(&mut gateway.gateway);
+        }
         let (gateway_handle, gateway_addr) = start_gateway(gateway.clone()).await?;
 
         let client = async_nats::connect(nats.url()).await?;

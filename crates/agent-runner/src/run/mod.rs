@@ -355,12 +355,20 @@ impl RunCtx<'_> {
             .collect())
     }
 
-    fn user_entry(&self, key: String, text: &str) -> Entry {
+    /// A user's message as a transcript entry; its idempotency key is kept (in `data`) so a
+    /// client recognises the message it sent in the history.
+    fn user_entry(&self, key: String, text: &str, idempotency_key: &str) -> Entry {
+        let data = if idempotency_key.is_empty() {
+            String::new()
+        } else {
+            json!({ "idempotencyKey": idempotency_key }).to_string()
+        };
         Entry {
             key,
             role: "user".to_owned(),
             content: text.to_owned(),
             run_id: self.run.id.clone(),
+            data,
             ..Default::default()
         }
     }

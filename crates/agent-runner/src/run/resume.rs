@@ -8,11 +8,12 @@ use agentloop_model::{ChatMessage, ToolCall};
 use crate::history::{HistoryEntry, Role};
 use crate::prompt;
 
-/// One input of the run: its transcript key and text.
+/// One input of the run: its transcript key, text, and the idempotency key it was sent with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Input {
     pub(crate) key: String,
     pub(crate) text: String,
+    pub(crate) idempotency_key: String,
 }
 
 /// What the loop starts with.
@@ -135,6 +136,7 @@ mod tests {
         vec![Input {
             key: format!("{RUN}:user"),
             text: "what time is it, and in Paris?".to_owned(),
+            idempotency_key: "k-1".to_owned(),
         }]
     }
 

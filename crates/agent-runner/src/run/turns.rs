@@ -28,12 +28,14 @@ pub(super) async fn converse(
     let mut inputs = vec![Input {
         key: ctx.key(EntryKey::Input),
         text: ctx.command.text.clone(),
+        idempotency_key: ctx.command.idempotency_key.clone(),
     }];
     if item.kind.parse() == Ok(InboxKind::Collect) {
         for (seq, command) in ctx.take_queued(InboxKind::Collect).await? {
             inputs.push(Input {
                 key: ctx.key(EntryKey::Collected(seq)),
                 text: command.text,
+                idempotency_key: command.idempotency_key,
             });
         }
     }
@@ -45,7 +47,7 @@ pub(super) async fn converse(
         start
             .unwritten
             .iter()
-            .map(|input| ctx.user_entry(input.key.clone(), &input.text)),
+            .map(|input| ctx.user_entry(input.key.clone(), &input.text, &input.idempotency_key)),
     );
     let mut messages = start.messages;
     let mut prior = start.prior;
@@ -194,7 +196,11 @@ pub(super) async fn converse(
             // Steering that arrived during the answer continues the run.
             let mut entries = vec![assistant];
             for (seq, command) in &steering {
-                entries.push(ctx.user_entry(ctx.key(EntryKey::Steering(*seq)), &command.text));
+                entries.push(ctx.user_entry(
+                    ctx.key(EntryKey::Steering(*seq)),
+                    &command.text,
+                    &command.idempotency_key,
+                ));
                 messages.push(ChatMessage::user(command.text.clone()));
             }
             ctx.append(state, entries).await?;
@@ -239,7 +245,11 @@ async fn persist_batch(
         ));
     }
     for (seq, command) in steering {
-        entries.push(ctx.user_entry(ctx.key(EntryKey::Steering(*seq)), &command.text));
+        entries.push(ctx.user_entry(
+            ctx.key(EntryKey::Steering(*seq)),
+            &command.text,
+            &command.idempotency_key,
+        ));
         messages.push(ChatMessage::user(command.text.clone()));
     }
     ctx.append(state, entries).await?;
