@@ -484,93 +484,95 @@ async fn openclaws_own_cli_and_tui_work_against_the_gateway_unmodified() {
         answer["result"]["payloads"][0]["text"], "echo: hello oc-cli-1",
         "{answer}"
     );
-    // In text mode it prints the reply.
-    let (ok, out, err) = run_openclaw(
-        &sandbox,
-        &home,
-        &["agent", "--agent", "main", "--message", "hello oc-cli-2"],
-    )
-    .await;
+    // In text mode, without --agent (it asks agents.list for the default), it prints the reply.
+    let (ok, out, err) =
+        run_openclaw(&sandbox, &home, &["agent", "--message", "hello oc-cli-2"]).await;
     assert!(ok, "agent failed: {out}\n{err}");
     assert!(out.contains("echo: hello oc-cli-2"), "{out}\n{err}");
     assert_eq!(runs_of(&sandbox, "agent:main:main").await.unwrap(), 2);
 
-    // `openclaw gateway call`: a method we serve, and one we do not, named in the error.
+    // `openclaw status` gets what it needs (system-presence is not served) and exits 0.
+    let (ok, out, err) = run_openclaw(&sandbox, &home, &["status", "--json"]).await;
+    assert!(ok, "status failed: {out}\n{err}");
+
+    // `openclaw agent --session-key K` (text output) runs on session K.
+    let (ok, out, err) = run_openclaw(
+        &sandbox,
+        &home,
+        &[
+            "agent",
+            "--session-key",
+            "side",
+            "--message",
+            "hello oc-side",
+        ],
+    )
+    .await;
+    assert!(ok, "agent --session-key failed: {out}\n{err}");
+    assert!(out.contains("echo: hello oc-side"), "{out}\n{err}");
+
+    // `openclaw gateway call`: `agent` to its final answer, `sessions.list`, and a method we
+    // do not serve, named in the error.
     let url = format!("ws://{}", sandbox.gateway_addr);
-    let (ok, out, err) = run_openclaw(
-        &sandbox,
-        &home,
-        &[
-            "gateway",
-            "call",
-            "chat.history",
-            "--params",
-            r#"{"sessionKey":"agent:main:main"}"#,
-            "--json",
-            "--url",
-            &url,
-            "--token",
-            TOKEN,
-        ],
-    )
-    .await;
-    assert!(ok, "gateway call failed: {out}\n{err}");
-    assert!(
-        out.contains("hello oc-cli-1:user") || out.contains("\"idempotencyKey\""),
-        "{out}"
-    );
-    let (ok, out, err) = run_openclaw(
-        &sandbox,
-        &home,
-        &[
-            "gateway",
-            "call",
-            "no.such.method",
-            "--json",
-            "--url",
-            &url,
-            "--token",
-            TOKEN,
-        ],
-    )
-    .await;
+    let call = |method, params, extra| gateway_call(&sandbox, &home, method, params, extra);
+    let agent_params =
+        r#"{"message":"hello oc-call","agentId":"main","idempotencyKey":"oc-call-1"}"#;
+    let (ok, out, err) = call("agent", agent_params, &["--expect-final"]).await;
+    assert!(ok, "gateway call agent failed: {out}\n{err}");
+    assert!(out.contains("echo: hello oc-call"), "{out}\n{err}");
+    let (ok, out, err) = call("sessions.list", "{}", &[]).await;
+    assert!(ok, "gateway call sessions.list failed: {out}\n{err}");
+    assert!(out.contains("agent:main:main"), "{out}");
+    let (ok, out, err) = call("chat.history", r#"{"sessionKey":"agent:main:main"}"#, &[]).await;
+    assert!(ok, "gateway call chat.history failed: {out}\n{err}");
+    assert!(out.contains("oc-call-1:user"), "{out}");
+    let (ok, out, err) = call("no.such.method", "{}", &[]).await;
     assert!(!ok, "an unknown method succeeded: {out}");
     assert!(
         format!("{out}{err}").contains("no.such.method"),
         "{out}\n{err}"
     );
 
-    // The TUI (it always signs the challenge with its device key) sends a message and shows
-    // the streamed reply.
+    // The TUI, in tmux (it always signs the challenge with its device key), sends a message
+    // and shows the streamed reply.
     let (node, cli) = openclaw();
-    let typescript = home.join("tui.typescript");
+    let socket = format!("agentloop-{}", uuid::Uuid::new_v4());
     let command = format!(
-        "{} {} tui --url {url} --token {TOKEN} --message 'hello oc-tui'",
-        node.display(),
-        cli.display()
+        "env HOME={home} OPENCLAW_STATE_DIR={state} {node} {cli} tui --url {url} --token {TOKEN} --message 'hello oc-tui'",
+        home = home.join("home").display(),
+        state = home.join("state").display(),
+        node = node.display(),
+        cli = cli.display(),
     );
-    let mut tui = tokio::process::Command::new("script")
-        .args(["-qfc", &command])
-        .arg(&typescript)
-        .env("HOME", home.join("home"))
-        .env("OPENCLAW_STATE_DIR", home.join("state"))
-        .env("TERM", "xterm-256color")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .args(["-L", &socket])
+            .args(args)
+            .output()
+            .expect("tmux runs")
+    };
+    let started = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        "oc",
+        "-x",
+        "160",
+        "-y",
+        "48",
+        &command,
+    ]);
+    assert!(started.status.success(), "tmux: {started:?}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let shown = loop {
-        let screen = std::fs::read(&typescript)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
+        let pane = tmux(&["capture-pane", "-p", "-t", "oc"]);
+        let screen = String::from_utf8_lossy(&pane.stdout).into_owned();
         if screen.contains("echo: hello oc-tui") || tokio::time::Instant::now() > deadline {
             break screen;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let _ = tui.kill().await;
+    tmux(&["kill-server"]);
     assert!(
         shown.contains("echo: hello oc-tui"),
         "the TUI did not show the reply:\n{shown}"
@@ -579,10 +581,27 @@ async fn openclaws_own_cli_and_tui_work_against_the_gateway_unmodified() {
         home.join("state/state/openclaw.sqlite").exists(),
         "the TUI made no device identity"
     );
-    assert_eq!(runs_of(&sandbox, "agent:main:main").await.unwrap(), 3);
+    assert_eq!(runs_of(&sandbox, "agent:main:main").await.unwrap(), 4);
+    // A key the client names is used as sent.
+    assert_eq!(runs_of(&sandbox, "side").await.unwrap(), 1);
     drop(client.call("sessions.list", json!({})).await);
     sandbox.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&home);
+}
+
+/// Runs `openclaw gateway call <method> --params <params> --json <extra>` at the gateway's URL.
+async fn gateway_call(
+    sandbox: &Sandbox,
+    home: &std::path::Path,
+    method: &str,
+    params: &str,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let url = format!("ws://{}", sandbox.gateway_addr);
+    let mut args = vec!["gateway", "call", method, "--params", params, "--json"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--url", &url, "--token", TOKEN]);
+    run_openclaw(sandbox, home, &args).await
 }
 
 fn tempdir() -> PathBuf {
