@@ -78,16 +78,16 @@ pub enum RequestError {
     #[error("unknown method: {0}")]
     UnknownMethod(String),
     /// `connect` asked for protocol versions this gateway does not speak.
-    #[error(
-        "protocol mismatch: the client speaks {min}..={max}, this gateway {oldest}..={newest}",
-        oldest = crate::handshake::OLDEST_PROTOCOL,
-        newest = crate::handshake::PROTOCOL
-    )]
+    #[error("protocol mismatch: the client speaks {min}..={max}, this gateway {oldest}..={newest}")]
     ProtocolMismatch {
         /// The client's `minProtocol`.
         min: u32,
         /// The client's `maxProtocol`.
         max: u32,
+        /// The oldest version the gateway speaks.
+        oldest: u32,
+        /// The newest version the gateway speaks.
+        newest: u32,
     },
     /// `connect` carried a device identity that does not prove itself.
     #[error("{0}")]
@@ -148,13 +148,18 @@ impl RequestError {
             Self::Unauthorized(reason) if reason == NO_TOKEN => "AUTH_TOKEN_MISSING",
             Self::Unauthorized(_) => "AUTH_TOKEN_MISMATCH",
             Self::Device(error) => error.detail_code(),
-            Self::ProtocolMismatch { min, max } => {
+            Self::ProtocolMismatch {
+                min,
+                max,
+                oldest,
+                newest,
+            } => {
                 return Some(serde_json::json!({
                     "code": "PROTOCOL_MISMATCH",
                     "clientMinProtocol": min,
                     "clientMaxProtocol": max,
-                    "expectedProtocol": crate::handshake::PROTOCOL,
-                    "minimumProtocol": crate::handshake::OLDEST_PROTOCOL,
+                    "expectedProtocol": newest,
+                    "minimumProtocol": oldest,
                 }));
             }
             _ => return None,
