@@ -2,15 +2,14 @@
 //! view of all conversations (the web chat's inbox). An admin's method: it shows everyone's
 //! messages.
 
-use futures::StreamExt as _;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use agentloop_proto::v1::InboxEvent;
 
-use crate::RequestError;
-use crate::frames::{Outgoing, err, ok};
+use crate::feed::Feed;
+use crate::frames::Outgoing;
 use crate::state::AppState;
 
 /// Answers at once, then forwards inbox events until the connection closes.
@@ -20,47 +19,24 @@ pub(crate) async fn subscribe(
     out_tx: &mpsc::Sender<Outgoing>,
     closed: CancellationToken,
 ) {
-    let bus = match state.bus() {
-        Ok(bus) => bus,
-        Err(error) => {
-            let _ = out_tx.send(err(id, &error)).await;
-            return;
-        }
+    let Some(mut feed) =
+        Feed::open(state, id, out_tx, |bus| bus.subjects().inbox_all(), closed).await
+    else {
+        return;
     };
-    let mut events = match bus.client().subscribe(bus.subjects().inbox_all()).await {
-        Ok(events) => events,
-        Err(error) => {
-            let error = RequestError::Unavailable(format!("cannot subscribe: {error}"));
-            let _ = out_tx.send(err(id, &error)).await;
-            return;
-        }
-    };
-    let _ = out_tx.send(ok(id, json!({"subscribed": true}))).await;
-    loop {
-        let msg = tokio::select! {
-            () = closed.cancelled() => break,
-            () = state.shutdown.cancelled() => break,
-            msg = events.next() => match msg {
-                Some(msg) => msg,
-                None => break,
-            },
-        };
+    while let Some(msg) = feed.next().await {
         let Ok((event, _)) = agentloop_bus::decode::<InboxEvent>(&msg) else {
             continue;
         };
-        let payload = payload(&event);
-        if out_tx
-            .send(Outgoing::Event {
-                event: "inbox",
-                payload,
-            })
-            .await
-            .is_err()
-        {
+        let inbox = Outgoing::Event {
+            event: "inbox",
+            payload: payload(&event),
+        };
+        if out_tx.send(inbox).await.is_err() {
             break;
         }
     }
-    let _ = events.unsubscribe().await;
+    feed.close().await;
 }
 
 /// An inbox event as clients read it.

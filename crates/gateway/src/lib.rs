@@ -10,6 +10,7 @@ mod config;
 mod device;
 mod dispatch;
 mod error;
+mod feed;
 mod frames;
 mod guard;
 mod handshake;

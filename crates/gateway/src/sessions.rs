@@ -71,6 +71,18 @@ pub(crate) async fn session_id(
     who: &Principal,
     key: &str,
 ) -> Result<String, RequestError> {
+    find(state, who, key)
+        .await?
+        .map(|s| s.id)
+        .ok_or_else(|| no_session(key))
+}
+
+/// The session keyed `key` that `who` sees, if any.
+async fn find(
+    state: &AppState,
+    who: &Principal,
+    key: &str,
+) -> Result<Option<SessionInfo>, RequestError> {
     check_key(key)?;
     let found = state
         .sessions
@@ -83,12 +95,7 @@ pub(crate) async fn session_id(
         })
         .await?
         .into_inner();
-    found
-        .sessions
-        .into_iter()
-        .next()
-        .map(|s| s.id)
-        .ok_or_else(|| no_session(key))
+    Ok(found.sessions.into_iter().next())
 }
 
 /// `chat.abort`: asks the session's owner to stop its live run.
@@ -179,19 +186,7 @@ pub(crate) async fn sessions_describe(
     params: Value,
 ) -> Result<Value, RequestError> {
     let p: SessionParams = parse::<SessionParams>("sessions.describe", params)?.check()?;
-    check_key(&p.session_key)?;
-    let found = state
-        .sessions
-        .clone()
-        .list_sessions(ListSessionsRequest {
-            limit: 1,
-            session_key: p.session_key.clone(),
-            caller: Some(who.caller()),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let session = found.sessions.into_iter().next().map(session_json);
+    let session = find(state, who, &p.session_key).await?.map(session_json);
     Ok(json!({"session": session}))
 }
 

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 
-use futures::StreamExt as _;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -14,7 +13,8 @@ use agentloop_proto::v1::SystemEvent;
 use agentloop_proto::{EventPhase, EventStream};
 
 use crate::RequestError;
-use crate::frames::{Outgoing, err, ok};
+use crate::feed::Feed;
+use crate::frames::Outgoing;
 use crate::principal::Principal;
 use crate::state::AppState;
 
@@ -29,32 +29,13 @@ pub(crate) async fn subscribe(
     out_tx: &mpsc::Sender<Outgoing>,
     closed: CancellationToken,
 ) {
-    let bus = match state.bus() {
-        Ok(bus) => bus,
-        Err(error) => {
-            let _ = out_tx.send(err(id, &error)).await;
-            return;
-        }
+    let Some(mut feed) =
+        Feed::open(state, id, out_tx, |bus| bus.subjects().all_events(), closed).await
+    else {
+        return;
     };
-    let mut events = match bus.client().subscribe(bus.subjects().all_events()).await {
-        Ok(events) => events,
-        Err(error) => {
-            let error = RequestError::Unavailable(format!("cannot subscribe: {error}"));
-            let _ = out_tx.send(err(id, &error)).await;
-            return;
-        }
-    };
-    let _ = out_tx.send(ok(id, json!({"subscribed": true}))).await;
     let mut visible: HashMap<String, bool> = HashMap::new();
-    loop {
-        let msg = tokio::select! {
-            () = closed.cancelled() => break,
-            () = state.shutdown.cancelled() => break,
-            msg = events.next() => match msg {
-                Some(msg) => msg,
-                None => break,
-            },
-        };
+    while let Some(msg) = feed.next().await {
         let Ok((event, _)) = agentloop_bus::decode::<SystemEvent>(&msg) else {
             continue;
         };
@@ -64,19 +45,15 @@ pub(crate) async fn subscribe(
         if !sees(state, who, &mut visible, &event).await {
             continue;
         }
-        let payload = change.payload(&event);
-        if out_tx
-            .send(Outgoing::Event {
-                event: "sessions.changed",
-                payload,
-            })
-            .await
-            .is_err()
-        {
+        let changed = Outgoing::Event {
+            event: "sessions.changed",
+            payload: change.payload(&event),
+        };
+        if out_tx.send(changed).await.is_err() {
             break;
         }
     }
-    let _ = events.unsubscribe().await;
+    feed.close().await;
 }
 
 /// Whether `who` sees the session of `event`, asking memory the first time.
