@@ -24,6 +24,8 @@ mod hybrid_recall;
 #[cfg(test)]
 mod inbox_cap;
 #[cfg(test)]
+mod injection;
+#[cfg(test)]
 mod knowledge;
 #[cfg(test)]
 mod mcp;

@@ -22,6 +22,8 @@ pub struct RunnerConfig {
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
     /// MCP servers whose tools agents are offered (`[mcp.servers.<name>]`).
     pub mcp: crate::McpConfig,
+    /// The injection scanner every tool result goes through.
+    pub scanner: agentloop_scanner::ScannerConfig,
 }
 
 /// The file's shape: `[models]` holds the provider settings and the router's allowlist, which
@@ -35,6 +37,7 @@ struct RawRunnerConfig {
     runner: RunnerSettings,
     agents: std::collections::BTreeMap<String, AgentConfig>,
     mcp: crate::McpConfig,
+    scanner: agentloop_scanner::ScannerConfig,
 }
 
 impl From<RawRunnerConfig> for RunnerConfig {
@@ -48,6 +51,7 @@ impl From<RawRunnerConfig> for RunnerConfig {
             runner: raw.runner,
             agents: raw.agents,
             mcp: raw.mcp,
+            scanner: raw.scanner,
         }
     }
 }

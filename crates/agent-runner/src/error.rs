@@ -15,6 +15,9 @@ pub enum RunnerError {
     /// The admin server could not bind.
     #[error(transparent)]
     Admin(#[from] agentloop_lifecycle::AdminError),
+    /// `[scanner]` rules cannot be read or compiled.
+    #[error(transparent)]
+    Scanner(#[from] agentloop_scanner::ScannerError),
     /// The consumer's message stream could not be opened.
     #[error("failed to open the run command stream")]
     Stream(#[source] Box<dyn std::error::Error + Send + Sync>),

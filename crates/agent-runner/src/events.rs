@@ -77,6 +77,13 @@ impl RunEvents {
         self.bus.emit_event(&event).await;
     }
 
+    /// Emits a `security` event (`flagged`, `withheld`) with what the scanner found.
+    pub(crate) async fn security(&self, phase: EventPhase, data: String) {
+        let mut event = self.event(EventStream::Security, phase);
+        event.data = data;
+        self.bus.emit_event(&event).await;
+    }
+
     /// Emits a compaction event (`start` or `end`).
     pub(crate) async fn compaction(&self, phase: EventPhase, data: serde_json::Value) {
         let mut event = self.event(EventStream::Compaction, phase);

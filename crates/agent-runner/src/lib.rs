@@ -32,6 +32,7 @@ mod service;
 mod signals;
 mod skills;
 mod tools;
+mod untrusted;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
 pub use backfill::{BackfillError, Backfilled, backfill_embeddings};

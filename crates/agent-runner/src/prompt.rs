@@ -109,7 +109,13 @@ pub(crate) fn conversation(entries: &[HistoryEntry], open_run: &str) -> Vec<Chat
     let mut answered: Option<HashSet<&str>> = None;
     for entry in kept {
         match entry.role {
-            Role::User => messages.push(ChatMessage::user(entry.content.clone())),
+            Role::User => messages.push(match crate::untrusted::Flag::in_entry(&entry.data) {
+                Some(flag) => {
+                    ChatMessage::user(crate::untrusted::for_model(&entry.content, Some(&flag)))
+                }
+                // The shared text, not a copy: this runs for every entry of every run.
+                None => ChatMessage::user(entry.content.clone()),
+            }),
             Role::Assistant => {
                 let tool_calls = tool_calls_of(entry);
                 let synthetic: Vec<ChatMessage> =

@@ -64,6 +64,10 @@ pub(crate) struct Replica {
     pub(crate) acks: AckSender,
     /// The transcript windows of recent sessions.
     histories: Mutex<HistoryCache>,
+    /// The injection scanner for tool results (`None`: `scanner.enabled = false`).
+    pub(crate) scanner: Option<agentloop_scanner::Scanner>,
+    /// Its thresholds, per agent.
+    pub(crate) scanner_config: agentloop_scanner::ScannerConfig,
 }
 
 /// The runner's counters.
@@ -85,6 +89,7 @@ pub(crate) struct Parts {
     pub(crate) dead_letters: DeadLetters,
     pub(crate) acks: AckSender,
     pub(crate) learner: Option<Arc<crate::learner::Learner>>,
+    pub(crate) scanner: Option<agentloop_scanner::Scanner>,
 }
 
 /// Locks `mutex`, also after a panic elsewhere: the maps it guards are left consistent by
@@ -127,6 +132,8 @@ impl Replica {
                 config.runner.history_cache_entries,
                 config.runner.history_limit,
             )),
+            scanner: parts.scanner,
+            scanner_config: config.scanner.clone(),
         }
     }
 

@@ -61,6 +61,7 @@ pub(crate) async fn serve(
             dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
             acks,
             learner: crate::learner::Learner::new(&config.memory)?,
+            scanner: config.scanner.build()?,
         },
     ));
     if let Some(learner) = replica.learner.clone() {

@@ -183,6 +183,8 @@ words! {
         Compaction = "compaction",
         /// Errors outside a run (e.g. a reply that could not be stored).
         Error = "error",
+        /// What the injection scanner found (`data`: level, family, rule, origin).
+        Security = "security",
     }
 }
 
@@ -201,6 +203,12 @@ words! {
         Update = "update",
         /// A tool call's result.
         Result = "result",
+        /// An inbound message was blocked: its run never starts.
+        Blocked = "blocked",
+        /// A text was passed on wrapped as untrusted.
+        Flagged = "flagged",
+        /// A tool result was withheld from the model.
+        Withheld = "withheld",
     }
 }
 
@@ -210,10 +218,12 @@ impl crate::v1::SystemEvent {
         self.stream == stream.as_str() && self.phase == phase.as_str()
     }
 
-    /// Whether this event ends its run: lifecycle `end` or `error`.
+    /// Whether this event ends its run: lifecycle `end` or `error`, or the block of the
+    /// message the run was for (it never starts).
     pub fn ends_run(&self) -> bool {
         self.is(EventStream::Lifecycle, EventPhase::End)
             || self.is(EventStream::Lifecycle, EventPhase::Error)
+            || self.is(EventStream::Security, EventPhase::Blocked)
     }
 }
 

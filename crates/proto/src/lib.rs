@@ -34,6 +34,15 @@ pub mod v1 {
 /// this often (milliseconds), for channels that edit a message in place.
 pub const META_STREAM_EVERY_MS: &str = "channel.stream_ms";
 
+/// RunCommand metadata set by the router when the injection scanner flagged the message (and
+/// did not block it): its threat level; the runner then shows the model the message wrapped as
+/// untrusted content.
+pub const META_SECURITY_LEVEL: &str = "security.level";
+/// With [`META_SECURITY_LEVEL`]: the attack family of the strongest finding.
+pub const META_SECURITY_FAMILY: &str = "security.family";
+/// With [`META_SECURITY_LEVEL`]: the rule of the strongest finding.
+pub const META_SECURITY_RULE: &str = "security.rule";
+
 /// Returns the current time as a protobuf timestamp.
 pub fn now() -> pbjson_types::Timestamp {
     let now = chrono::Utc::now();

@@ -1,4 +1,5 @@
-//! Router settings: `[bus]`, `[memory]` (url), `[models]` (default, allowlist) and `[router]`.
+//! Router settings: `[bus]`, `[memory]` (url), `[models]` (default, allowlist), `[scanner]` and
+//! `[router]`.
 
 use agentloop_bus::BusConfig;
 
@@ -16,6 +17,8 @@ pub struct RouterConfig {
     pub router: RouterSettings,
     /// The part of `[agents.<id>]` the router uses: each agent's model.
     pub agents: std::collections::BTreeMap<String, AgentModel>,
+    /// The injection scanner every inbound message goes through.
+    pub scanner: agentloop_scanner::ScannerConfig,
 }
 
 agentloop_lifecycle::config_schema!(RouterConfig);

@@ -12,6 +12,9 @@ pub enum RouterError {
     /// The admin server could not bind.
     #[error(transparent)]
     Admin(#[from] agentloop_lifecycle::AdminError),
+    /// `[scanner]` rules cannot be read or compiled.
+    #[error(transparent)]
+    Scanner(#[from] agentloop_scanner::ScannerError),
     /// The consumer's message stream could not be opened.
     #[error("failed to open the inbound message stream")]
     Stream(#[source] Box<dyn std::error::Error + Send + Sync>),

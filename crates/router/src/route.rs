@@ -11,11 +11,12 @@ use tracing::Instrument as _;
 
 use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Backoff, Counter, Health, retry};
-use agentloop_proto::InboxDirection;
 use agentloop_proto::v1::{
     ControlMessage, InboundMessage, InboxEvent, OutboundMessage, ResolveSessionRequest, RunCommand,
-    Session, session_service_client::SessionServiceClient,
+    Session, SystemEvent, session_service_client::SessionServiceClient,
 };
+use agentloop_proto::{EventPhase, EventStream, InboxDirection};
+use agentloop_scanner::{Decision, Scan, Scanner};
 use agentloop_telemetry::TracedChannel;
 
 use crate::{RouterConfig, RouterError};
@@ -42,6 +43,8 @@ struct Ctx {
     acks: agentloop_bus::Acks,
     /// Sessions resolved lately.
     cache: Mutex<std::collections::HashMap<String, (std::time::Instant, Session)>>,
+    /// The injection scanner (`None`: `scanner.enabled = false`).
+    scanner: Option<Scanner>,
 }
 
 /// Most sessions the cache remembers; past it the cache starts over.
@@ -58,6 +61,7 @@ pub(crate) async fn serve(
         return Ok(());
     };
     let channel = config.memory.channel()?;
+    let scanner = config.scanner.build()?;
     let mut messages = bus
         .deliveries(StreamKind::Inbound, &config.router.consumer)
         .await?;
@@ -78,6 +82,7 @@ pub(crate) async fn serve(
             "Inbound messages handed back for redelivery after a transient failure.",
         ),
         config: config.clone(),
+        scanner,
     });
     // Bounded: past `concurrency` sessions in flight the dispatcher waits, and the messages
     // queued behind a session's own are held by the consumer's `max_ack_pending`, so a slow
@@ -199,6 +204,15 @@ async fn publish_run(
     } else {
         inbound.agent_id.as_str()
     };
+    let run_id = agentloop_proto::run_id(&session.id, &idempotency_key);
+    let flagged = match ctx.scanner.as_ref().map(|s| s.scan(&inbound.text)) {
+        Some(scan) => match ctx.config.scanner.decide(agent_id, scan.level) {
+            Decision::Block => return block(ctx, &session.id, &run_id, inbound, &scan).await,
+            Decision::Wrap => Some(scan),
+            Decision::Pass => None,
+        },
+        None => None,
+    };
     let agent_model = ctx
         .config
         .agents
@@ -232,6 +246,9 @@ async fn publish_run(
             // along in the command itself.
             let mut metadata = inbound.metadata;
             agentloop_telemetry::inject_map(&mut metadata);
+            if let Some(scan) = &flagged {
+                mark(&mut metadata, scan);
+            }
             metadata
         },
         received_at: inbound.received_at.or_else(|| Some(agentloop_proto::now())),
@@ -242,6 +259,16 @@ async fn publish_run(
         .publish_durable(ctx.bus.subjects().run(&session.id), &command, Some(&msg_id))
         .await
         .map_err(|e| error_chain(&e))?;
+    if let Some(scan) = &flagged {
+        let event = security_event(
+            &command.session_id,
+            &command.session_key,
+            &run_id,
+            EventPhase::Flagged,
+            scan,
+        );
+        ctx.bus.emit_event(&event).await;
+    }
     ctx.bus
         .emit_inbox(&InboxEvent {
             direction: InboxDirection::In.as_str().to_owned(),
@@ -329,6 +356,98 @@ async fn stop(ctx: &Ctx, session_id: &str, inbound: InboundMessage) -> Result<()
         )
         .await
         .map_err(|e| error_chain(&e))
+}
+
+/// Records in a run command's metadata what the scanner found, for the runner to wrap the
+/// message as untrusted.
+fn mark(metadata: &mut std::collections::HashMap<String, String>, scan: &Scan) {
+    metadata.insert(
+        agentloop_proto::META_SECURITY_LEVEL.to_owned(),
+        scan.level.as_str().to_owned(),
+    );
+    if let Some(top) = scan.top() {
+        metadata.insert(
+            agentloop_proto::META_SECURITY_FAMILY.to_owned(),
+            top.family.as_str().to_owned(),
+        );
+        metadata.insert(
+            agentloop_proto::META_SECURITY_RULE.to_owned(),
+            top.rule.clone(),
+        );
+    }
+}
+
+/// The `security` event of a scanned inbound message, on its run's subject.
+fn security_event(
+    session_id: &str,
+    session_key: &str,
+    run_id: &str,
+    phase: EventPhase,
+    scan: &Scan,
+) -> SystemEvent {
+    SystemEvent {
+        run_id: run_id.to_owned(),
+        session_id: session_id.to_owned(),
+        session_key: session_key.to_owned(),
+        // Before the run's own events (numbered from 1 by the runner).
+        seq: 0,
+        stream: EventStream::Security.as_str().to_owned(),
+        phase: phase.as_str().to_owned(),
+        data: scan.event_data("inbound"),
+        ts: Some(agentloop_proto::now()),
+        ..Default::default()
+    }
+}
+
+/// A message the scanner blocks: nothing of it goes on (no run, no transcript entry); the
+/// sender is told why, and a `security` event reports it.
+async fn block(
+    ctx: &Ctx,
+    session_id: &str,
+    run_id: &str,
+    inbound: InboundMessage,
+    scan: &Scan,
+) -> Result<(), String> {
+    let top = scan.top();
+    tracing::warn!(
+        session_key = %inbound.session_key,
+        channel = %inbound.channel,
+        level = %scan.level,
+        family = top.map_or("", |h| h.family.as_str()),
+        rule = top.map_or("", |h| h.rule.as_str()),
+        "inbound message blocked by the injection scanner"
+    );
+    let event = security_event(
+        session_id,
+        &inbound.session_key,
+        run_id,
+        EventPhase::Blocked,
+        scan,
+    );
+    let refusal = OutboundMessage {
+        session_key: inbound.session_key,
+        session_id: session_id.to_owned(),
+        run_id: run_id.to_owned(),
+        channel: inbound.channel.clone(),
+        recipient: inbound.sender_id,
+        text: agentloop_scanner::refusal(scan),
+        r#final: true,
+        reply_subject: inbound.reply_subject,
+        reply_encoding: inbound.reply_encoding,
+        ts: Some(agentloop_proto::now()),
+        ..Default::default()
+    };
+    // The refusal is stored before the event, so a client that ends on the event finds it.
+    ctx.bus
+        .publish_durable(
+            ctx.bus.subjects().outbound(&inbound.channel),
+            &refusal,
+            Some(&format!("blocked-{run_id}")),
+        )
+        .await
+        .map_err(|e| error_chain(&e))?;
+    ctx.bus.emit_event(&event).await;
+    Ok(())
 }
 
 /// Session override > agent config > global default, each only within the allowlist when one

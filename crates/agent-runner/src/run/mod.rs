@@ -355,18 +355,26 @@ impl RunCtx<'_> {
             .collect())
     }
 
-    /// A user's message as a transcript entry; its idempotency key is kept (in `data`) so a
-    /// client recognises the message it sent in the history.
-    fn user_entry(&self, key: String, text: &str, idempotency_key: &str) -> Entry {
-        let data = if idempotency_key.is_empty() {
+    /// A user's message as a transcript entry, under `key`. Its idempotency key is kept (in
+    /// `data`) so a client recognises the message it sent in the history, and so is the
+    /// scanner's flag, so later runs show it to the model wrapped as well.
+    fn user_entry(&self, key: String, input: &resume::Input) -> Entry {
+        let mut data = serde_json::Map::new();
+        if !input.idempotency_key.is_empty() {
+            data.insert("idempotencyKey".into(), json!(input.idempotency_key));
+        }
+        if let Some(flag) = &input.flag {
+            data.insert("security".into(), flag.to_json());
+        }
+        let data = if data.is_empty() {
             String::new()
         } else {
-            json!({ "idempotencyKey": idempotency_key }).to_string()
+            serde_json::Value::Object(data).to_string()
         };
         Entry {
             key,
             role: "user".to_owned(),
-            content: text.to_owned(),
+            content: input.text.clone(),
             run_id: self.run.id.clone(),
             data,
             ..Default::default()

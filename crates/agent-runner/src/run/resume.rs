@@ -14,6 +14,20 @@ pub(crate) struct Input {
     pub(crate) key: String,
     pub(crate) text: String,
     pub(crate) idempotency_key: String,
+    /// What the router's scanner found in it, when it let it through.
+    pub(crate) flag: Option<crate::untrusted::Flag>,
+}
+
+impl Input {
+    /// A queued command as an input (its key is the caller's to choose).
+    pub(crate) fn of(command: &agentloop_proto::v1::RunCommand) -> Self {
+        Self {
+            key: String::new(),
+            text: command.text.clone(),
+            idempotency_key: command.idempotency_key.clone(),
+            flag: crate::untrusted::Flag::of(&command.metadata),
+        }
+    }
 }
 
 /// What the loop starts with.
@@ -57,7 +71,11 @@ pub(crate) fn start(history: &[HistoryEntry], run_id: &str, inputs: Vec<Input>) 
         .into_iter()
         .filter(|input| !own.iter().any(|e| e.key == input.key))
         .collect();
-    messages.extend(unwritten.iter().map(|i| ChatMessage::user(i.text.clone())));
+    messages.extend(
+        unwritten
+            .iter()
+            .map(|i| ChatMessage::user(crate::untrusted::for_model(&i.text, i.flag.as_ref()))),
+    );
     let turns_done = own.iter().filter(|e| e.role == Role::Assistant).count() as u32;
     let unanswered = match own.iter().rev().find(|e| e.role == Role::Assistant) {
         Some(last) => {
@@ -137,6 +155,7 @@ mod tests {
             key: format!("{RUN}:user"),
             text: "what time is it, and in Paris?".to_owned(),
             idempotency_key: "k-1".to_owned(),
+            flag: None,
         }]
     }
 

@@ -14,6 +14,7 @@ use super::{Outcome, RunCtx, RunState, agent_id};
 use crate::error::MemoryCallError;
 use crate::history::Window;
 use crate::hooks::HookPoint;
+use crate::untrusted::{Flag, for_model};
 use crate::{context, prompt};
 
 /// Builds the context, then turns model answers and tool batches until a final answer.
@@ -29,11 +30,13 @@ pub(super) async fn converse(
         key: ctx.key(EntryKey::Input),
         text: ctx.command.text.clone(),
         idempotency_key: ctx.command.idempotency_key.clone(),
+        flag: Flag::of(&ctx.command.metadata),
     }];
     if item.kind.parse() == Ok(InboxKind::Collect) {
         for (seq, command) in ctx.take_queued(InboxKind::Collect).await? {
             inputs.push(Input {
                 key: ctx.key(EntryKey::Collected(seq)),
+                flag: Flag::of(&command.metadata),
                 text: command.text,
                 idempotency_key: command.idempotency_key,
             });
@@ -47,7 +50,7 @@ pub(super) async fn converse(
         start
             .unwritten
             .iter()
-            .map(|input| ctx.user_entry(input.key.clone(), &input.text, &input.idempotency_key)),
+            .map(|input| ctx.user_entry(input.key.clone(), input)),
     );
     let mut messages = start.messages;
     let mut prior = start.prior;
@@ -196,12 +199,12 @@ pub(super) async fn converse(
             // Steering that arrived during the answer continues the run.
             let mut entries = vec![assistant];
             for (seq, command) in &steering {
-                entries.push(ctx.user_entry(
-                    ctx.key(EntryKey::Steering(*seq)),
+                entries
+                    .push(ctx.user_entry(ctx.key(EntryKey::Steering(*seq)), &Input::of(command)));
+                messages.push(ChatMessage::user(for_model(
                     &command.text,
-                    &command.idempotency_key,
-                ));
-                messages.push(ChatMessage::user(command.text.clone()));
+                    Flag::of(&command.metadata).as_ref(),
+                )));
             }
             ctx.append(state, entries).await?;
             continue;
@@ -245,12 +248,11 @@ async fn persist_batch(
         ));
     }
     for (seq, command) in steering {
-        entries.push(ctx.user_entry(
-            ctx.key(EntryKey::Steering(*seq)),
+        entries.push(ctx.user_entry(ctx.key(EntryKey::Steering(*seq)), &Input::of(command)));
+        messages.push(ChatMessage::user(for_model(
             &command.text,
-            &command.idempotency_key,
-        ));
-        messages.push(ChatMessage::user(command.text.clone()));
+            Flag::of(&command.metadata).as_ref(),
+        )));
     }
     ctx.append(state, entries).await?;
     state.open_calls.clear();
