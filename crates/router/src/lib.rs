@@ -5,6 +5,7 @@
 mod config;
 mod error;
 mod route;
+mod screen;
 
 pub use agentloop_lifecycle::MemoryEndpoint;
 pub use config::{AgentModel, ModelDefaults, RouterConfig, RouterSettings};

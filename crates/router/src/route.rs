@@ -13,10 +13,12 @@ use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Backoff, Counter, Health, retry};
 use agentloop_proto::v1::{
     ControlMessage, InboundMessage, InboxEvent, OutboundMessage, ResolveSessionRequest, RunCommand,
-    Session, SystemEvent, session_service_client::SessionServiceClient,
+    Session, session_service_client::SessionServiceClient,
 };
-use agentloop_proto::{EventPhase, EventStream, InboxDirection};
+use agentloop_proto::{EventPhase, InboxDirection};
 use agentloop_scanner::{Decision, Scan, Scanner};
+
+use crate::screen::{mark, security_event};
 use agentloop_telemetry::TracedChannel;
 
 use crate::{RouterConfig, RouterError};
@@ -336,12 +338,34 @@ async fn stop(ctx: &Ctx, session_id: &str, inbound: InboundMessage) -> Result<()
         )
         .await
         .map_err(|e| error_chain(&e))?;
-    let confirmation = OutboundMessage {
+    reply_directly(
+        ctx,
+        session_id,
+        "",
+        inbound,
+        "Stopping the current run.".to_owned(),
+        None,
+    )
+    .await
+}
+
+/// The router's own answer to a message that starts no run (`/stop`, a blocked message),
+/// sent on the message's channel (and reply subject) like any reply.
+async fn reply_directly(
+    ctx: &Ctx,
+    session_id: &str,
+    run_id: &str,
+    inbound: InboundMessage,
+    text: String,
+    msg_id: Option<&str>,
+) -> Result<(), String> {
+    let reply = OutboundMessage {
         session_key: inbound.session_key,
         session_id: session_id.to_owned(),
+        run_id: run_id.to_owned(),
         channel: inbound.channel.clone(),
         recipient: inbound.sender_id,
-        text: "Stopping the current run.".to_owned(),
+        text,
         r#final: true,
         reply_subject: inbound.reply_subject,
         reply_encoding: inbound.reply_encoding,
@@ -351,52 +375,11 @@ async fn stop(ctx: &Ctx, session_id: &str, inbound: InboundMessage) -> Result<()
     ctx.bus
         .publish_durable(
             ctx.bus.subjects().outbound(&inbound.channel),
-            &confirmation,
-            None,
+            &reply,
+            msg_id,
         )
         .await
         .map_err(|e| error_chain(&e))
-}
-
-/// Records in a run command's metadata what the scanner found, for the runner to wrap the
-/// message as untrusted.
-fn mark(metadata: &mut std::collections::HashMap<String, String>, scan: &Scan) {
-    metadata.insert(
-        agentloop_proto::META_SECURITY_LEVEL.to_owned(),
-        scan.level.as_str().to_owned(),
-    );
-    if let Some(top) = scan.top() {
-        metadata.insert(
-            agentloop_proto::META_SECURITY_FAMILY.to_owned(),
-            top.family.as_str().to_owned(),
-        );
-        metadata.insert(
-            agentloop_proto::META_SECURITY_RULE.to_owned(),
-            top.rule.clone(),
-        );
-    }
-}
-
-/// The `security` event of a scanned inbound message, on its run's subject.
-fn security_event(
-    session_id: &str,
-    session_key: &str,
-    run_id: &str,
-    phase: EventPhase,
-    scan: &Scan,
-) -> SystemEvent {
-    SystemEvent {
-        run_id: run_id.to_owned(),
-        session_id: session_id.to_owned(),
-        session_key: session_key.to_owned(),
-        // Before the run's own events (numbered from 1 by the runner).
-        seq: 0,
-        stream: EventStream::Security.as_str().to_owned(),
-        phase: phase.as_str().to_owned(),
-        data: scan.event_data("inbound"),
-        ts: Some(agentloop_proto::now()),
-        ..Default::default()
-    }
 }
 
 /// A message the scanner blocks: nothing of it goes on (no run, no transcript entry); the
@@ -424,28 +407,17 @@ async fn block(
         EventPhase::Blocked,
         scan,
     );
-    let refusal = OutboundMessage {
-        session_key: inbound.session_key,
-        session_id: session_id.to_owned(),
-        run_id: run_id.to_owned(),
-        channel: inbound.channel.clone(),
-        recipient: inbound.sender_id,
-        text: agentloop_scanner::refusal(scan),
-        r#final: true,
-        reply_subject: inbound.reply_subject,
-        reply_encoding: inbound.reply_encoding,
-        ts: Some(agentloop_proto::now()),
-        ..Default::default()
-    };
     // The refusal is stored before the event, so a client that ends on the event finds it.
-    ctx.bus
-        .publish_durable(
-            ctx.bus.subjects().outbound(&inbound.channel),
-            &refusal,
-            Some(&format!("blocked-{run_id}")),
-        )
-        .await
-        .map_err(|e| error_chain(&e))?;
+    let text = agentloop_scanner::refusal(scan);
+    reply_directly(
+        ctx,
+        session_id,
+        run_id,
+        inbound,
+        text,
+        Some(&format!("blocked-{run_id}")),
+    )
+    .await?;
     ctx.bus.emit_event(&event).await;
     Ok(())
 }
