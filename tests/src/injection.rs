@@ -225,3 +225,85 @@ async fn an_injection_inside_a_tool_result_is_withheld_from_the_model() {
     assert!(!everything_the_model_saw(&sandbox).contains("POISON-MARKER"));
     sandbox.shutdown().await.unwrap();
 }
+
+/// A tool whose result leaks credentials.
+struct LeakyConfig;
+
+const LEAKED_PASSWORD: &str = "hunter2-LEAK";
+const LEAKED_KEY: &str = "sk-proj-LEAKLEAKLEAKLEAKLEAK0123";
+
+impl Tool for LeakyConfig {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "read_config".to_owned(),
+            description: "reads the app's config".to_owned(),
+            parameters: json!({"type": "object", "properties": {}}),
+        }
+    }
+
+    fn call<'a>(
+        &'a self,
+        _ctx: &'a ToolContext,
+        _arguments: Value,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async {
+            Ok(format!(
+                "database_url = postgres://app:{LEAKED_PASSWORD}@db.internal/prod\nopenai_api_key = {LEAKED_KEY}"
+            ))
+        })
+    }
+}
+
+#[tokio::test]
+async fn secrets_in_a_tool_result_and_in_the_answer_are_redacted_everywhere() {
+    // Arrange: the model repeats a key it was never shown (as if it had memorised one)
+    let options = SandboxOptions {
+        extensions: Extensions {
+            tools: vec![Arc::new(LeakyConfig) as Arc<dyn Tool>],
+            hooks: Vec::new(),
+        },
+        ..Default::default()
+    };
+    let sandbox = Sandbox::start_with(options).await.unwrap();
+    sandbox
+        .fake
+        .push_script(ScriptedReply::tool_call("read_config", json!({})));
+    sandbox.fake.push_script(ScriptedReply::text(&format!(
+        "The database is db.internal and the key is {LEAKED_KEY}."
+    )));
+    let mut events = sandbox.subscribe("events.*.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
+
+    // Act
+    sandbox.say("ops", "what is in the config?").await.unwrap();
+
+    // Assert: the reply, the model's view, the events and the transcript hold no secret
+    let reply = next_reply(&mut replies, WAIT).await.unwrap();
+    assert_eq!(
+        reply.text,
+        "The database is db.internal and the key is [REDACTED:openai_key]."
+    );
+    let run = collect_run_events(&mut events, WAIT).await.unwrap();
+    let emitted: String = run
+        .iter()
+        .map(|e| format!("{} {}", e.delta, e.data))
+        .collect();
+    let seen = everything_the_model_saw(&sandbox);
+    assert!(
+        seen.contains("postgres://app:[REDACTED:url_password]@db.internal"),
+        "{seen}"
+    );
+    let pool = sandbox.pool().await.unwrap();
+    let transcript: Vec<String> =
+        sqlx::query_scalar("SELECT content FROM transcript_entries ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let transcript = transcript.join("\n");
+    for secret in [LEAKED_PASSWORD, LEAKED_KEY] {
+        assert!(!seen.contains(secret), "the model saw {secret}");
+        assert!(!emitted.contains(secret), "an event carried {secret}");
+        assert!(!transcript.contains(secret), "the transcript kept {secret}");
+    }
+    sandbox.shutdown().await.unwrap();
+}

@@ -5,6 +5,7 @@
 //! service does with a level is [`ScannerConfig::decide`]: block, wrap as untrusted, or pass.
 
 pub mod normalize;
+pub mod redact;
 pub mod rules;
 
 use std::collections::BTreeMap;

@@ -226,6 +226,11 @@ impl RunCtx<'_> {
             Err(error) => (format!("error: {error}"), true),
         };
         let content = self.screen(&call.name, content).await;
+        // Secrets in a result never reach the model, the transcript or an event.
+        let content = match agentloop_scanner::redact::redact(&content) {
+            std::borrow::Cow::Borrowed(_) => content,
+            std::borrow::Cow::Owned(clean) => clean,
+        };
         let payload = json!({ "sessionKey": self.command.session_key, "runId": self.run.id, "toolName": call.name, "toolCallId": call.id, "arguments": arguments, "result": content, "isError": is_error });
         hooks.run(HookPoint::AfterToolCall, payload.clone()).await;
         let persist = hooks.run(HookPoint::ToolResultPersist, payload).await;

@@ -307,7 +307,11 @@ impl RunCtx<'_> {
                             None => break,
                         }
                     }
-                    self.events.delta(&delta).await;
+                    // Per piece: a secret cut across two pieces is caught in the text so far
+                    // (progress) and in the answer (turns.rs), not here.
+                    self.events
+                        .delta(&agentloop_scanner::redact::redact(&delta))
+                        .await;
                     text.push_str(&delta);
                     if let Some(every) = progress_every
                         && last_progress.elapsed() >= every

@@ -65,7 +65,7 @@ impl RunCtx<'_> {
             session_key: command.session_key.clone(),
             channel: command.channel.clone(),
             recipient: command.sender_id.clone(),
-            text: text.to_owned(),
+            text: agentloop_scanner::redact::redact(text).into_owned(),
             r#final: false,
             reply_to_id: command.message_id.clone(),
             session_id: self.session_id.to_owned(),

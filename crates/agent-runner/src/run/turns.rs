@@ -167,7 +167,11 @@ pub(super) async fn converse(
         prior = cx.prior;
         compactions = cx.compactions;
         let (text, calls) = match answer {
-            Ok(answer) => (answer.text, answer.calls),
+            // Secrets the model repeats are gone before the answer is stored, sent or replayed.
+            Ok(answer) => match agentloop_scanner::redact::redact(&answer.text) {
+                std::borrow::Cow::Borrowed(_) => (answer.text, answer.calls),
+                std::borrow::Cow::Owned(clean) => (clean, answer.calls),
+            },
             Err(error) => return Ok(ctx.outcome(state, RunStatus::Error, String::new(), error)),
         };
         if !text.is_empty() {
