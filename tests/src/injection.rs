@@ -268,7 +268,7 @@ async fn secrets_in_a_tool_result_and_in_the_answer_are_redacted_everywhere() {
     sandbox
         .fake
         .push_script(ScriptedReply::tool_call("read_config", json!({})));
-    sandbox.fake.push_script(ScriptedReply::text(&format!(
+    sandbox.fake.push_script(ScriptedReply::text(format!(
         "The database is db.internal and the key is {LEAKED_KEY}."
     )));
     let mut events = sandbox.subscribe("events.*.*").await;
