@@ -35,7 +35,9 @@ fn args() -> anyhow::Result<Args> {
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--attacks" => parsed.attacks.push(it.next().context("--attacks needs a path")?),
+            "--attacks" => parsed
+                .attacks
+                .push(it.next().context("--attacks needs a path")?),
             "--benign" => parsed.benign = it.next().context("--benign needs a path")?,
             "--out" => parsed.out = Some(it.next().context("--out needs a path")?),
             "--no-write" => parsed.out = None,
