@@ -285,3 +285,111 @@ async fn secrets_in_a_tool_result_and_in_the_answer_are_redacted_everywhere() {
     }
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_tool_call_the_guardian_judges_dangerous_is_denied_and_the_model_told_why() {
+    // Arrange: `wipe_disk` needs the Guardian's review; the review model is the fake model
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let options = SandboxOptions {
+        extensions: Extensions {
+            tools: vec![Arc::new(Recorded {
+                name: "wipe_disk",
+                ran: ran.clone(),
+            }) as Arc<dyn Tool>],
+            hooks: Vec::new(),
+        },
+        runner: Some(Box::new(|config| {
+            config.guardian.model = "openai/fake-guardian".to_owned();
+            config.agents.insert(
+                "main".to_owned(),
+                agentloop_agent_runner::AgentConfig {
+                    guardian_tools: vec!["wipe_disk".to_owned()],
+                    ..Default::default()
+                },
+            );
+        })),
+        ..Default::default()
+    };
+    let sandbox = Sandbox::start_with(options).await.unwrap();
+    // The run's first turn, the Guardian's review, the run's second turn.
+    sandbox.fake.push_script(ScriptedReply::tool_call(
+        "wipe_disk",
+        json!({"device": "/dev/sda"}),
+    ));
+    sandbox.fake.push_script(ScriptedReply::text(
+        r#"{"level": "critical", "reason": "it erases a whole disk"}"#,
+    ));
+    sandbox
+        .fake
+        .push_script(ScriptedReply::text("I was not allowed to do that."));
+    let mut events = sandbox.subscribe("events.*.*").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
+
+    // Act
+    sandbox.say("admin", "clean up the disk").await.unwrap();
+
+    // Assert: the tool never ran, the model got the reason, a security event says who decided
+    assert_eq!(
+        next_reply(&mut replies, WAIT).await.unwrap().text,
+        "I was not allowed to do that."
+    );
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the denied tool ran"
+    );
+    let requests = sandbox.fake.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[1].body["model"], "fake-guardian");
+    assert!(
+        requests[1].body["messages"]
+            .to_string()
+            .contains("/dev/sda")
+    );
+    let tool_message = requests[2].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        tool_message.contains("denied by the Guardian (critical risk): it erases a whole disk"),
+        "{tool_message}"
+    );
+    let run = collect_run_events(&mut events, WAIT).await.unwrap();
+    let denied: Vec<&SystemEvent> = run.iter().filter(|e| e.phase == "denied").collect();
+    assert_eq!(denied.len(), 1, "{run:?}");
+    let data: Value = serde_json::from_str(&denied[0].data).unwrap();
+    assert_eq!(data["by"], "model");
+    assert_eq!(data["tool"], "wipe_disk");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// A tool that only records that it ran.
+struct Recorded {
+    name: &'static str,
+    ran: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Tool for Recorded {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name.to_owned(),
+            description: format!("test tool {}", self.name),
+            parameters: json!({"type": "object", "properties": {"device": {"type": "string"}}}),
+        }
+    }
+
+    fn call<'a>(
+        &'a self,
+        _ctx: &'a ToolContext,
+        _arguments: Value,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async {
+            self.ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok("done".to_owned())
+        })
+    }
+}

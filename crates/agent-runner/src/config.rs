@@ -24,6 +24,8 @@ pub struct RunnerConfig {
     pub mcp: crate::McpConfig,
     /// The injection scanner every tool result goes through.
     pub scanner: agentloop_scanner::ScannerConfig,
+    /// The Guardian: a second opinion on the tools agents name in `guardian_tools`.
+    pub guardian: crate::guardian::GuardianConfig,
 }
 
 /// The file's shape: `[models]` holds the provider settings and the router's allowlist, which
@@ -38,6 +40,7 @@ struct RawRunnerConfig {
     agents: std::collections::BTreeMap<String, AgentConfig>,
     mcp: crate::McpConfig,
     scanner: agentloop_scanner::ScannerConfig,
+    guardian: crate::guardian::GuardianConfig,
 }
 
 impl From<RawRunnerConfig> for RunnerConfig {
@@ -52,6 +55,7 @@ impl From<RawRunnerConfig> for RunnerConfig {
             agents: raw.agents,
             mcp: raw.mcp,
             scanner: raw.scanner,
+            guardian: raw.guardian,
         }
     }
 }
@@ -94,6 +98,8 @@ pub struct AgentConfig {
     /// Long-term memory: `agent` (per agent and user), `shared` (per user, across agents) or
     /// `off` (no memory tools, nothing recalled).
     pub memory: MemoryMode,
+    /// Tools whose calls the Guardian reviews before they run (`*` for all).
+    pub guardian_tools: Vec<String>,
 }
 
 /// Whose long-term memory an agent reads and writes.
@@ -126,6 +132,7 @@ impl Default for AgentConfig {
             skills_dirs: Vec::new(),
             skills: Vec::new(),
             memory: MemoryMode::Agent,
+            guardian_tools: Vec::new(),
         }
     }
 }

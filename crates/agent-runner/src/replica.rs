@@ -68,6 +68,8 @@ pub(crate) struct Replica {
     pub(crate) scanner: Option<agentloop_scanner::Scanner>,
     /// Its thresholds, per agent.
     pub(crate) scanner_config: agentloop_scanner::ScannerConfig,
+    /// The second opinion on risky tool calls.
+    pub(crate) guardian: crate::guardian::Guardian,
 }
 
 /// The runner's counters.
@@ -90,6 +92,7 @@ pub(crate) struct Parts {
     pub(crate) acks: AckSender,
     pub(crate) learner: Option<Arc<crate::learner::Learner>>,
     pub(crate) scanner: Option<agentloop_scanner::Scanner>,
+    pub(crate) guardian: crate::guardian::Guardian,
 }
 
 /// Locks `mutex`, also after a panic elsewhere: the maps it guards are left consistent by
@@ -134,6 +137,7 @@ impl Replica {
             )),
             scanner: parts.scanner,
             scanner_config: config.scanner.clone(),
+            guardian: parts.guardian,
         }
     }
 

@@ -62,6 +62,7 @@ pub(crate) async fn serve(
             acks,
             learner: crate::learner::Learner::new(&config.memory)?,
             scanner: config.scanner.build()?,
+            guardian: guardian(&config)?,
         },
     ));
     if let Some(learner) = replica.learner.clone() {
@@ -196,6 +197,21 @@ fn owner_id(config: &RunnerConfig) -> String {
         std::process::id(),
         &suffix[suffix.len() - 6..]
     )
+}
+
+/// The Guardian of `config`; says at startup when local rules decide instead of a model.
+fn guardian(config: &crate::RunnerConfig) -> Result<crate::guardian::Guardian, crate::RunnerError> {
+    let guardian = crate::guardian::Guardian::new(&config.guardian)?;
+    let guarded = config
+        .agents
+        .values()
+        .any(|agent| !agent.guardian_tools.is_empty());
+    if guarded && !guardian.has_model() {
+        tracing::info!(
+            "guardian.model is empty: the scanner's local rules review guarded tool calls"
+        );
+    }
+    Ok(guardian)
 }
 
 #[cfg(test)]

@@ -209,6 +209,8 @@ words! {
         Flagged = "flagged",
         /// A tool result was withheld from the model.
         Withheld = "withheld",
+        /// A tool call was denied before it ran.
+        Denied = "denied",
     }
 }
 

@@ -218,7 +218,10 @@ impl RunCtx<'_> {
             }
             match tools.get(&call.name) {
                 None => Err(format!("unknown tool {:?}", call.name)),
-                Some(tool) => self.invoke(tool, &call, arguments.clone()).await,
+                Some(tool) => match self.review(&call.name, &arguments).await {
+                    Some(denied) => Err(denied),
+                    None => self.invoke(tool, &call, arguments.clone()).await,
+                },
             }
         };
         let (content, is_error) = match result {
@@ -244,6 +247,39 @@ impl RunCtx<'_> {
             is_error,
             stored,
         }
+    }
+
+    /// The Guardian's review of a call, for the tools the agent names: `Some(why)` when the
+    /// call is denied (the model gets the reason as the tool's error).
+    async fn review(&self, tool: &str, arguments: &serde_json::Value) -> Option<String> {
+        let guarded = &self.agent.guardian_tools;
+        if !guarded.iter().any(|t| t == "*" || t == tool) {
+            return None;
+        }
+        let replica = self.replica;
+        let verdict = replica
+            .guardian
+            .review(
+                &replica.models,
+                replica.scanner.as_ref(),
+                &replica.scanner_config,
+                agent_id(self.command),
+                tool,
+                arguments,
+            )
+            .await;
+        if verdict.allow {
+            return None;
+        }
+        tracing::warn!(tool, level = %verdict.level, by = verdict.by.as_str(), reason = %verdict.reason, "tool call denied by the guardian");
+        let data = json!({ "level": verdict.level.as_str(), "reason": verdict.reason, "by": verdict.by.as_str(), "tool": tool, "origin": "guardian" });
+        self.events
+            .security(EventPhase::Denied, data.to_string())
+            .await;
+        Some(format!(
+            "denied by the Guardian ({} risk): {}",
+            verdict.level, verdict.reason
+        ))
     }
 
     /// Runs a tool's result through the injection scanner: a result that would be blocked is
