@@ -43,6 +43,11 @@ impl Flag {
         })
     }
 
+    /// Whether the scanner rated the message medium: what the Guardian looks at again.
+    pub(crate) fn is_medium(&self) -> bool {
+        self.level == agentloop_scanner::ThreatLevel::Medium.as_str()
+    }
+
     /// The flag as it is kept in an entry's `data`.
     pub(crate) fn to_json(&self) -> Value {
         json!({ "level": self.level, "family": self.family })

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use agentloop_model::ChatMessage;
 use agentloop_proto::v1::{Entry, InboxItem, RunCommand};
-use agentloop_proto::{EntryKey, InboxKind, RunStatus};
+use agentloop_proto::{EntryKey, EventPhase, InboxKind, RunStatus};
 
 use super::batch::{SafePoint, ToolOutcome, toolset};
 use super::recovery::Context;
@@ -52,6 +52,9 @@ pub(super) async fn converse(
             .iter()
             .map(|input| ctx.user_entry(input.key.clone(), input)),
     );
+    if let Some(refusal) = second_opinion(ctx, state, &start.unwritten).await {
+        return Ok(refusal);
+    }
     let mut messages = start.messages;
     let mut prior = start.prior;
     let mut compactions = 0;
@@ -261,4 +264,55 @@ async fn persist_batch(
     ctx.append(state, entries).await?;
     state.open_calls.clear();
     Ok(())
+}
+
+/// The Guardian's second look at an input the scanner rated medium, when a review model is
+/// configured: a denied input ends the run before the model sees it, with the reason as the
+/// answer.
+async fn second_opinion(
+    ctx: &RunCtx<'_>,
+    state: &mut RunState,
+    inputs: &[Input],
+) -> Option<Outcome> {
+    let replica = ctx.replica;
+    if !replica.guardian.has_model() {
+        return None;
+    }
+    for input in inputs
+        .iter()
+        .filter(|i| i.flag.as_ref().is_some_and(Flag::is_medium))
+    {
+        let verdict = replica
+            .guardian
+            .review(
+                &replica.models,
+                replica.scanner.as_ref(),
+                &replica.scanner_config,
+                agent_id(ctx.command),
+                "incoming message",
+                &json!(input.text),
+            )
+            .await;
+        if verdict.allow {
+            continue;
+        }
+        tracing::warn!(level = %verdict.level, by = verdict.by.as_str(), reason = %verdict.reason, "flagged message denied by the guardian");
+        let data = json!({ "level": verdict.level.as_str(), "reason": verdict.reason, "by": verdict.by.as_str(), "origin": "inbound" });
+        ctx.events
+            .security(EventPhase::Denied, data.to_string())
+            .await;
+        let text = format!(
+            "I won't act on this message: a security review judged it {} risk ({}).",
+            verdict.level, verdict.reason
+        );
+        state.last = Some(Entry {
+            key: ctx.key(EntryKey::Answer(1)),
+            role: "assistant".to_owned(),
+            content: text.clone(),
+            run_id: ctx.run.id.clone(),
+            ..Default::default()
+        });
+        return Some(ctx.outcome(state, RunStatus::Completed, text, String::new()));
+    }
+    None
 }
