@@ -28,6 +28,13 @@ fn everything_the_model_saw(sandbox: &Sandbox) -> String {
         .join("\n")
 }
 
+/// The content of the tool message in a model request.
+fn tool_message(request: &agentloop_fake_model::RecordedRequest) -> String {
+    let messages = request.body["messages"].as_array().unwrap();
+    let tool = messages.iter().find(|m| m["role"] == "tool").unwrap();
+    tool["content"].as_str().unwrap().to_owned()
+}
+
 /// The next `security` event on `events`.
 async fn security_event(events: &mut async_nats::Subscriber) -> SystemEvent {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -216,15 +223,7 @@ async fn an_injection_inside_a_tool_result_is_withheld_from_the_model() {
     assert_eq!(data["level"], "critical", "{data}");
     assert_eq!(data["origin"], "result of the tool fetch_page");
     let requests = sandbox.fake.requests();
-    let tool_message = requests[1].body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "tool")
-        .unwrap()["content"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let tool_message = tool_message(&requests[1]);
     assert!(
         tool_message.starts_with("[withheld: this result of fetch_page"),
         "{tool_message}"
@@ -345,15 +344,7 @@ async fn a_tool_call_the_guardian_judges_dangerous_is_denied_and_the_model_told_
             .to_string()
             .contains("/dev/sda")
     );
-    let tool_message = requests[2].body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["role"] == "tool")
-        .unwrap()["content"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let tool_message = tool_message(&requests[2]);
     assert!(
         tool_message.contains("denied by the Guardian (critical risk): it erases a whole disk"),
         "{tool_message}"
