@@ -54,6 +54,56 @@ $$;
 
 
 --
+-- Name: agentloop_approve_pairing(text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_approve_pairing(p_code text, p_by text) RETURNS TABLE(channel text, sender_id text, approved_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    req pairing_requests;
+BEGIN
+    DELETE FROM pairing_requests r WHERE r.code = upper(p_code) AND r.expires_at > now()
+    RETURNING * INTO req;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO paired_senders AS s (channel, sender_id, approved_by)
+    VALUES (req.channel, req.sender_id, p_by)
+    ON CONFLICT ON CONSTRAINT paired_senders_pkey DO UPDATE SET approved_at = now(), approved_by = p_by;
+    PERFORM agentloop_audit('pairing', 'approved', '', req.channel || ':' || req.sender_id,
+                            '', '', p_by, 'code ' || req.code);
+    RETURN QUERY SELECT req.channel, req.sender_id, now();
+END $$;
+
+
+--
+-- Name: agentloop_audit(text, text, text, text, text, text, text, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_audit(p_source text, p_decision text, p_level text, p_subject text, p_session_id text, p_run_id text, p_actor text, p_reason text, p_dedupe_key text DEFAULT NULL::text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO security_audit (source, decision, level, subject, session_id, run_id, actor, reason, dedupe_key)
+    VALUES (p_source, p_decision, p_level, p_subject, p_session_id, p_run_id, p_actor, p_reason,
+            nullif(p_dedupe_key, ''))
+    ON CONFLICT (dedupe_key) DO NOTHING
+$$;
+
+
+--
+-- Name: agentloop_audit_append_only(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_audit_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'security_audit is append-only';
+END $$;
+
+
+--
 -- Name: agentloop_bump_memory_versions(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -74,6 +124,49 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+
+--
+-- Name: agentloop_check_sender(text, text, boolean, text, integer, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_check_sender(p_channel text, p_sender text, p_may_pair boolean, p_code text, p_max_pending integer, p_ttl_ms bigint) RETURNS TABLE(outcome text, code text, created boolean, expires_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    req pairing_requests;
+BEGIN
+    IF EXISTS (SELECT 1 FROM paired_senders s WHERE s.channel = p_channel AND s.sender_id = p_sender) THEN
+        RETURN QUERY SELECT 'allowed'::text, ''::text, false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF NOT p_may_pair THEN
+        PERFORM agentloop_audit('pairing', 'refused', '', p_channel || ':' || p_sender, '', '',
+                                'dm_policy', 'sender not on the allowlist');
+        RETURN QUERY SELECT 'refused'::text, ''::text, false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    -- One channel's codes are counted and issued one caller at a time.
+    PERFORM pg_advisory_xact_lock(hashtext('agentloop_pairing:' || p_channel));
+    DELETE FROM pairing_requests r WHERE r.channel = p_channel AND r.expires_at <= now();
+    SELECT * INTO req FROM pairing_requests r WHERE r.channel = p_channel AND r.sender_id = p_sender;
+    IF FOUND THEN
+        RETURN QUERY SELECT 'pending'::text, req.code, false, req.expires_at;
+        RETURN;
+    END IF;
+    IF (SELECT count(*) FROM pairing_requests r WHERE r.channel = p_channel) >= p_max_pending THEN
+        PERFORM agentloop_audit('pairing', 'full', '', p_channel || ':' || p_sender, '', '',
+                                'dm_policy', 'too many pending pairing codes on the channel');
+        RETURN QUERY SELECT 'full'::text, ''::text, false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    INSERT INTO pairing_requests (code, channel, sender_id, expires_at)
+    VALUES (p_code, p_channel, p_sender, now() + make_interval(secs => p_ttl_ms / 1000.0))
+    RETURNING * INTO req;
+    PERFORM agentloop_audit('pairing', 'requested', '', p_channel || ':' || p_sender, '', '',
+                            'dm_policy', 'pairing code issued');
+    RETURN QUERY SELECT 'pending'::text, req.code, true, req.expires_at;
+END $$;
 
 
 --
@@ -400,6 +493,26 @@ BEGIN
     ) AS w ON g.i = ANY (v_history);
 END
 $$;
+
+
+--
+-- Name: agentloop_expire_approval(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_expire_approval(p_id uuid) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    expired tool_approvals;
+BEGIN
+    UPDATE tool_approvals a SET status = 'expired', resolved_at = now(), resolved_by = 'timeout'
+    WHERE a.id = p_id AND a.status = 'pending' AND a.expires_at <= now()
+    RETURNING * INTO expired;
+    IF FOUND THEN
+        PERFORM agentloop_audit('approval', 'expired', '', expired.tool, expired.session_id::text,
+                                expired.run_id, 'timeout', 'no operator answered in time');
+    END IF;
+END $$;
 
 
 --
@@ -876,6 +989,114 @@ END
 $$;
 
 
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: tool_approvals; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.tool_approvals (
+    id uuid NOT NULL,
+    session_id uuid NOT NULL,
+    session_key text NOT NULL,
+    agent_id text NOT NULL,
+    run_id text NOT NULL,
+    tool_call_id text NOT NULL,
+    tool text NOT NULL,
+    arguments text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    always boolean DEFAULT false NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    resolved_at timestamp with time zone,
+    resolved_by text DEFAULT ''::text NOT NULL,
+    CONSTRAINT tool_approvals_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text])))
+);
+
+
+--
+-- Name: agentloop_request_approval(uuid, uuid, text, text, text, text, text, text, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_request_approval(p_id uuid, p_session_id uuid, p_session_key text, p_agent_id text, p_run_id text, p_tool_call_id text, p_tool text, p_arguments text, p_ttl_ms bigint) RETURNS SETOF public.tool_approvals
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    req tool_approvals;
+    granted boolean;
+BEGIN
+    SELECT * INTO req FROM tool_approvals a WHERE a.run_id = p_run_id AND a.tool_call_id = p_tool_call_id;
+    IF NOT FOUND THEN
+        granted := EXISTS (SELECT 1 FROM tool_grants g WHERE g.session_id = p_session_id AND g.tool = p_tool);
+        INSERT INTO tool_approvals AS a (id, session_id, session_key, agent_id, run_id, tool_call_id,
+                                         tool, arguments, status, always, expires_at, resolved_at, resolved_by)
+        VALUES (p_id, p_session_id, p_session_key, p_agent_id, p_run_id, p_tool_call_id, p_tool,
+                p_arguments, CASE WHEN granted THEN 'approved' ELSE 'pending' END, granted,
+                now() + make_interval(secs => p_ttl_ms / 1000.0),
+                CASE WHEN granted THEN now() END, CASE WHEN granted THEN 'session grant' ELSE '' END)
+        ON CONFLICT (run_id, tool_call_id) DO NOTHING;
+        PERFORM agentloop_audit('approval', CASE WHEN granted THEN 'approved' ELSE 'requested' END,
+                                '', p_tool, p_session_id::text, p_run_id,
+                                CASE WHEN granted THEN 'session grant' ELSE 'tool policy' END, '',
+                                'approval:' || p_run_id || ':' || p_tool_call_id);
+    END IF;
+    SELECT * INTO req FROM tool_approvals a WHERE a.run_id = p_run_id AND a.tool_call_id = p_tool_call_id;
+    PERFORM agentloop_expire_approval(req.id);
+    RETURN QUERY SELECT * FROM tool_approvals a WHERE a.id = req.id;
+END $$;
+
+
+--
+-- Name: agentloop_resolve_approval(uuid, boolean, boolean, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_resolve_approval(p_id uuid, p_approve boolean, p_always boolean, p_by text) RETURNS SETOF public.tool_approvals
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    req tool_approvals;
+BEGIN
+    PERFORM agentloop_expire_approval(p_id);
+    UPDATE tool_approvals a
+    SET status = CASE WHEN p_approve THEN 'approved' ELSE 'denied' END,
+        always = p_approve AND p_always, resolved_at = now(), resolved_by = p_by
+    WHERE a.id = p_id AND a.status = 'pending'
+    RETURNING * INTO req;
+    IF FOUND THEN
+        IF req.always THEN
+            INSERT INTO tool_grants (session_id, tool, granted_by) VALUES (req.session_id, req.tool, p_by)
+            ON CONFLICT (session_id, tool) DO NOTHING;
+        END IF;
+        PERFORM agentloop_audit('approval', req.status || CASE WHEN req.always THEN ' always' ELSE '' END,
+                                '', req.tool, req.session_id::text, req.run_id, p_by, '');
+    END IF;
+    RETURN QUERY SELECT * FROM tool_approvals a WHERE a.id = p_id;
+END $$;
+
+
+--
+-- Name: agentloop_revoke_pairing(text, text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.agentloop_revoke_pairing(p_channel text, p_sender text, p_by text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    removed integer;
+BEGIN
+    DELETE FROM paired_senders s WHERE s.channel = p_channel AND s.sender_id = p_sender;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM pairing_requests r WHERE r.channel = p_channel AND r.sender_id = p_sender;
+    IF removed > 0 THEN
+        PERFORM agentloop_audit('pairing', 'revoked', '', p_channel || ':' || p_sender, '', '',
+                                p_by, '');
+    END IF;
+    RETURN removed > 0;
+END $$;
+
+
 --
 -- Name: agentloop_run_answer(uuid, uuid); Type: FUNCTION; Schema: public; Owner: -
 --
@@ -986,10 +1207,6 @@ BEGIN
 END
 $$;
 
-
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
 
 --
 -- Name: agentloop_settings; Type: TABLE; Schema: public; Owner: -
@@ -1123,6 +1340,31 @@ CREATE TABLE public.memory_versions (
 
 
 --
+-- Name: paired_senders; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.paired_senders (
+    channel text NOT NULL,
+    sender_id text NOT NULL,
+    approved_at timestamp with time zone DEFAULT now() NOT NULL,
+    approved_by text DEFAULT ''::text NOT NULL
+);
+
+
+--
+-- Name: pairing_requests; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.pairing_requests (
+    code text NOT NULL,
+    channel text NOT NULL,
+    sender_id text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+
+--
 -- Name: runs; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1148,6 +1390,40 @@ CREATE TABLE public.runs (
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'completed'::text, 'error'::text, 'aborted'::text, 'timeout'::text, 'max_turns'::text])))
 )
 WITH (fillfactor='70');
+
+
+--
+-- Name: security_audit; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.security_audit (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    source text NOT NULL,
+    decision text NOT NULL,
+    level text DEFAULT ''::text NOT NULL,
+    subject text DEFAULT ''::text NOT NULL,
+    session_id text DEFAULT ''::text NOT NULL,
+    run_id text DEFAULT ''::text NOT NULL,
+    actor text DEFAULT ''::text NOT NULL,
+    reason text DEFAULT ''::text NOT NULL,
+    dedupe_key text,
+    CONSTRAINT security_audit_source_check CHECK ((source = ANY (ARRAY['scanner'::text, 'guardian'::text, 'pairing'::text, 'approval'::text, 'policy'::text])))
+);
+
+
+--
+-- Name: security_audit_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.security_audit ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.security_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 
 
 --
@@ -1220,6 +1496,18 @@ CREATE TABLE public.skill_snapshots (
     skills jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     retired_at timestamp with time zone
+);
+
+
+--
+-- Name: tool_grants; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.tool_grants (
+    session_id uuid NOT NULL,
+    tool text NOT NULL,
+    granted_at timestamp with time zone DEFAULT now() NOT NULL,
+    granted_by text DEFAULT ''::text NOT NULL
 );
 
 
@@ -1381,6 +1669,30 @@ ALTER TABLE ONLY public.memory_versions
 
 
 --
+-- Name: paired_senders paired_senders_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.paired_senders
+    ADD CONSTRAINT paired_senders_pkey PRIMARY KEY (channel, sender_id);
+
+
+--
+-- Name: pairing_requests pairing_requests_channel_sender_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.pairing_requests
+    ADD CONSTRAINT pairing_requests_channel_sender_id_key UNIQUE (channel, sender_id);
+
+
+--
+-- Name: pairing_requests pairing_requests_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.pairing_requests
+    ADD CONSTRAINT pairing_requests_pkey PRIMARY KEY (code);
+
+
+--
 -- Name: runs runs_inbox_seq_key; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1394,6 +1706,22 @@ ALTER TABLE ONLY public.runs
 
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: security_audit security_audit_dedupe_key_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.security_audit
+    ADD CONSTRAINT security_audit_dedupe_key_key UNIQUE (dedupe_key);
+
+
+--
+-- Name: security_audit security_audit_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.security_audit
+    ADD CONSTRAINT security_audit_pkey PRIMARY KEY (id);
 
 
 --
@@ -1434,6 +1762,30 @@ ALTER TABLE ONLY public.sessions
 
 ALTER TABLE ONLY public.skill_snapshots
     ADD CONSTRAINT skill_snapshots_pkey PRIMARY KEY (session_id, version);
+
+
+--
+-- Name: tool_approvals tool_approvals_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tool_approvals
+    ADD CONSTRAINT tool_approvals_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: tool_approvals tool_approvals_run_id_tool_call_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tool_approvals
+    ADD CONSTRAINT tool_approvals_run_id_tool_call_id_key UNIQUE (run_id, tool_call_id);
+
+
+--
+-- Name: tool_grants tool_grants_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tool_grants
+    ADD CONSTRAINT tool_grants_pkey PRIMARY KEY (session_id, tool);
 
 
 --
@@ -1496,6 +1848,13 @@ CREATE INDEX memories_user ON public.memories USING btree (user_key, agent_id, u
 
 
 --
+-- Name: security_audit_at; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX security_audit_at ON public.security_audit USING btree (id DESC);
+
+
+--
 -- Name: session_inbox_pending; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1507,6 +1866,13 @@ CREATE INDEX session_inbox_pending ON public.session_inbox USING btree (session_
 --
 
 CREATE INDEX sessions_owner ON public.sessions USING btree (owner) WHERE (owner IS NOT NULL);
+
+
+--
+-- Name: tool_approvals_pending; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX tool_approvals_pending ON public.tool_approvals USING btree (created_at) WHERE (status = 'pending'::text);
 
 
 --
@@ -1528,6 +1894,13 @@ CREATE TRIGGER memories_version_insert AFTER INSERT ON public.memories REFERENCI
 --
 
 CREATE TRIGGER memories_version_update AFTER UPDATE ON public.memories REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.agentloop_bump_memory_versions();
+
+
+--
+-- Name: security_audit security_audit_append_only; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER security_audit_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.security_audit FOR EACH STATEMENT EXECUTE FUNCTION public.agentloop_audit_append_only();
 
 
 --

@@ -18,6 +18,8 @@ mod gateway_attacks;
 #[cfg(test)]
 mod gateway_exhaustion;
 #[cfg(test)]
+mod guard;
+#[cfg(test)]
 mod harness;
 #[cfg(test)]
 mod hybrid_recall;

@@ -21,6 +21,8 @@ async fn stack() -> (Sandbox, FakeSlack) {
     let slack = FakeSlack::start(TOKEN).await;
     let mut channels = ChannelsConfig::default();
     channels.slack.bot_token = TOKEN.into();
+    // These tests are about the app's wire format; pairing has its own (`pairing.rs`).
+    channels.slack.dm_policy = agentloop_channels::DmPolicy::Open;
     channels.slack.signing_secret = SIGNING_SECRET.into();
     channels.slack.api_base = slack.api_base();
     channels.slack.max_retry_after_ms = 5_000;

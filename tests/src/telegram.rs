@@ -21,6 +21,8 @@ async fn stack() -> (Sandbox, FakeTelegram) {
     let telegram = FakeTelegram::start(TOKEN).await;
     let mut channels = ChannelsConfig::default();
     channels.telegram.bot_token = TOKEN.into();
+    // These tests are about the app's wire format; pairing has its own (`pairing.rs`).
+    channels.telegram.dm_policy = agentloop_channels::DmPolicy::Open;
     channels.telegram.webhook_secret = SECRET.into();
     channels.telegram.api_base = telegram.api_base();
     channels.telegram.max_retry_after_ms = 5_000;
@@ -247,6 +249,8 @@ async fn a_bot_without_a_public_address_takes_messages_by_long_polling() {
     let telegram = FakeTelegram::start(TOKEN).await;
     let mut channels = ChannelsConfig::default();
     channels.telegram.bot_token = TOKEN.into();
+    // These tests are about the app's wire format; pairing has its own (`pairing.rs`).
+    channels.telegram.dm_policy = agentloop_channels::DmPolicy::Open;
     channels.telegram.api_base = telegram.api_base();
     channels.telegram.poll = true;
     channels.telegram.poll_timeout_s = 1;

@@ -100,6 +100,21 @@ pub struct AgentConfig {
     pub memory: MemoryMode,
     /// Tools whose calls the Guardian reviews before they run (`*` for all).
     pub guardian_tools: Vec<String>,
+    /// What happens when the model calls a tool: `allow`, `ask` (an operator approves each
+    /// call, `approvals.resolve`) or `deny`, by tool name; `*` for every tool not named.
+    /// Tools named nowhere are allowed.
+    pub tool_policy: std::collections::BTreeMap<String, agentloop_proto::ToolPolicy>,
+}
+
+impl AgentConfig {
+    /// The policy of calls of `tool`: its own entry, else `*`, else allow.
+    pub fn tool_policy_of(&self, tool: &str) -> agentloop_proto::ToolPolicy {
+        self.tool_policy
+            .get(tool)
+            .or_else(|| self.tool_policy.get("*"))
+            .copied()
+            .unwrap_or(agentloop_proto::ToolPolicy::Allow)
+    }
 }
 
 /// Whose long-term memory an agent reads and writes.
@@ -133,6 +148,7 @@ impl Default for AgentConfig {
             skills: Vec::new(),
             memory: MemoryMode::Agent,
             guardian_tools: Vec::new(),
+            tool_policy: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -173,6 +189,9 @@ pub struct RunnerSettings {
     pub max_turns: u32,
     /// How long a tool call may take unless the tool sets its own.
     pub tool_timeout_ms: u64,
+    /// How long a call an agent's `tool_policy` sends to an operator waits for an answer
+    /// before it is denied (keep it under the run timeout).
+    pub approval_timeout_ms: u64,
     /// Arguments and results in tool events are cut to this many bytes.
     pub tool_event_max_bytes: usize,
     /// A running tool emits an `update` event this often.
@@ -208,6 +227,7 @@ impl Default for RunnerSettings {
             drain_timeout_ms: 25_000,
             max_turns: 24,
             tool_timeout_ms: 60_000,
+            approval_timeout_ms: 120_000,
             tool_event_max_bytes: 4_096,
             tool_update_interval_ms: 5_000,
             hooks: Vec::new(),

@@ -84,6 +84,29 @@ impl RunEvents {
         self.bus.emit_event(&event).await;
     }
 
+    /// Emits an approval event on the run's subject and on the operators' approvals subject.
+    pub(crate) async fn approval(
+        &self,
+        phase: EventPhase,
+        tool: &str,
+        call_id: &str,
+        data: String,
+    ) {
+        let mut event = self.event(EventStream::Approval, phase);
+        event.tool_name = tool.to_owned();
+        event.tool_call_id = call_id.to_owned();
+        event.data = data;
+        self.bus.emit_event(&event).await;
+        let subject = self.bus.subjects().approvals();
+        if let Err(err) = self
+            .bus
+            .publish_fast(subject, &event, agentloop_proto::Encoding::Proto)
+            .await
+        {
+            tracing::warn!(error = %agentloop_bus::error_chain(&err), run_id = %event.run_id, "failed to tell operators of an approval event");
+        }
+    }
+
     /// Emits a compaction event (`start` or `end`).
     pub(crate) async fn compaction(&self, phase: EventPhase, data: serde_json::Value) {
         let mut event = self.event(EventStream::Compaction, phase);

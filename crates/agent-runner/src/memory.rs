@@ -13,6 +13,7 @@ use agentloop_proto::v1::{
     ProfileCooldown, ReleaseSessionRequest, RenewLeaseRequest, ReportProfileFailureRequest,
     ReportProfileSuccessRequest, TakeNextRequest, TakeNextResponse, TakeQueuedRequest,
 };
+use agentloop_proto::v1::{Approval, AuditRecord, GetApprovalRequest, RequestApprovalRequest};
 use agentloop_proto::v1::{ClaimLearnJobRequest, FinishLearnJobRequest, LearnJob};
 use agentloop_proto::v1::{
     Embedding, ForgetMemoriesRequest, GetSkillSnapshotRequest, MemoryRecord, MemoryScope,
@@ -209,6 +210,33 @@ impl MemoryClient {
     ) -> Result<TakeNextResponse, MemoryCallError> {
         self.retried("take_next", request, async |m, r| m.take_next(r).await)
             .await
+    }
+
+    /// Asks an operator to approve a tool call (or finds its request again).
+    pub(crate) async fn request_approval(
+        &self,
+        request: &RequestApprovalRequest,
+    ) -> Result<Approval, MemoryCallError> {
+        self.retried("request_approval", request, async |m, r| {
+            m.request_approval(r).await
+        })
+        .await
+    }
+
+    /// An approval request as it stands.
+    pub(crate) async fn get_approval(&self, id: &str) -> Result<Approval, MemoryCallError> {
+        let request = GetApprovalRequest { id: id.to_owned() };
+        self.retried("get_approval", &request, async |m, r| {
+            m.get_approval(r).await
+        })
+        .await
+    }
+
+    /// Appends a security decision to the audit.
+    pub(crate) async fn record_audit(&self, record: &AuditRecord) -> Result<(), MemoryCallError> {
+        self.retried("record_audit", record, async |m, r| m.record_audit(r).await)
+            .await
+            .map(|_| ())
     }
 
     /// Takes the session's queued inputs of `kind` into the live run `run_id`.

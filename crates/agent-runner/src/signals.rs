@@ -16,6 +16,8 @@ pub(crate) struct SessionSignals {
     input_pending: AtomicBool,
     /// Cancels the live run.
     live_run: Mutex<Option<CancellationToken>>,
+    /// Wakes the run's calls waiting for an operator's approval.
+    approval: tokio::sync::Notify,
 }
 
 impl SessionSignals {
@@ -28,7 +30,14 @@ impl SessionSignals {
                 self.abort();
             }
             ControlAction::Wake => self.input_pending.store(true, Ordering::SeqCst),
+            ControlAction::Approval => self.approval.notify_waiters(),
         }
+    }
+
+    /// Resolves when an operator answers an approval request of this session (registered
+    /// before the request is read again, so an answer in between is not missed).
+    pub(crate) fn approval_answered(&self) -> tokio::sync::futures::Notified<'_> {
+        self.approval.notified()
     }
 
     fn abort(&self) {

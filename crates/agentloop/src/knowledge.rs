@@ -8,7 +8,8 @@ use agentloop_proto::v1::session_service_client::SessionServiceClient;
 use agentloop_proto::v1::{ForgetMemoriesRequest, ListMemoriesRequest, MemoryScope};
 
 /// Flags that take a value.
-const VALUED: [&str; 11] = [
+const VALUED: [&str; 12] = [
+    "--source",
     "--batch",
     "--config",
     "--message",
@@ -23,14 +24,14 @@ const VALUED: [&str; 11] = [
 ];
 
 /// The command line after the binary name: positional words and flag values.
-struct Args {
-    words: Vec<String>,
+pub(crate) struct Args {
+    pub(crate) words: Vec<String>,
     flags: Vec<(String, String)>,
-    json: bool,
+    pub(crate) json: bool,
 }
 
 impl Args {
-    fn parse(args: &[String]) -> anyhow::Result<Self> {
+    pub(crate) fn parse(args: &[String]) -> anyhow::Result<Self> {
         let mut out = Self {
             words: Vec::new(),
             flags: Vec::new(),
@@ -54,7 +55,7 @@ impl Args {
         Ok(out)
     }
 
-    fn flag(&self, name: &str) -> Option<&str> {
+    pub(crate) fn flag(&self, name: &str) -> Option<&str> {
         self.flags
             .iter()
             .rev()
@@ -63,7 +64,7 @@ impl Args {
     }
 }
 
-fn config() -> anyhow::Result<RunnerConfig> {
+pub(crate) fn config() -> anyhow::Result<RunnerConfig> {
     agentloop_lifecycle::load_config().context("failed to load config")
 }
 

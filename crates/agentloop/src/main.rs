@@ -2,6 +2,7 @@
 
 mod all;
 mod chat;
+mod guard;
 mod knowledge;
 mod send;
 mod trim;
@@ -21,6 +22,9 @@ const USAGE: &str = "usage: agentloop <gateway|router|runner|memory|delivery|all
        agentloop prompt SESSION [--message TEXT] [--sender ID] [--json]  (what the model would get)
        agentloop agents list [--json]
        agentloop memory list|forget (--user KEY | --principal NAME) [--agent ID] [--id ID | --query TEXT]
+       agentloop pairing list [--channel NAME] | approve CODE | revoke CHANNEL SENDER
+       agentloop approvals list | resolve ID allow-once|allow-always|deny
+       agentloop audit [--limit N] [--source scanner|guardian|pairing|approval|policy] [--json]
 
 Starts one agentloop service, or every service in one process (all).
 Configuration: --config PATH or AGENTLOOP_CONFIG (TOML), overridden by AGENTLOOP_<SECTION>__<KEY>,
@@ -114,6 +118,9 @@ async fn start(command: String) -> anyhow::Result<()> {
         "send" => return send::run(&args).await,
         "prompt" => return knowledge::prompt(&args).await,
         "agents" => return knowledge::agents(&args),
+        "pairing" => return guard::pairing(&args).await,
+        "approvals" => return guard::approvals(&args).await,
+        "audit" => return guard::audit(&args).await,
         "memory"
             if matches!(
                 args.iter()

@@ -102,6 +102,12 @@ impl Subjects {
         format!("{}.events.>", self.prefix)
     }
 
+    /// `<prefix>.events._approvals`: every approval request and answer of every run, for
+    /// operators (`approvals.subscribe`); inside the EVENTS stream, outside any session's.
+    pub fn approvals(&self) -> String {
+        format!("{}.events._approvals", self.prefix)
+    }
+
     /// `<prefix>.control.<session_id>`
     pub fn control(&self, session_id: &str) -> String {
         format!("{}.control.{}", self.prefix, session_id)

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+pub use agentloop_proto::DmPolicy;
+
 /// A secret setting; `Debug` never shows it, so configs and errors can be logged.
 #[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(transparent)]
@@ -43,7 +45,44 @@ pub struct ChannelsConfig {
     pub webhook: std::collections::BTreeMap<String, WebhookConfig>,
 }
 
+/// Who may write on a channel's direct messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access<'a> {
+    /// The channel's policy.
+    pub policy: DmPolicy,
+    /// Senders let in whatever the policy (except `disabled`).
+    pub allow_from: &'a [String],
+}
+
+impl Access<'_> {
+    /// Whether `sender` is let in by configuration alone (no pairing looked up).
+    pub fn admits(&self, sender: &str) -> bool {
+        match self.policy {
+            DmPolicy::Open => true,
+            DmPolicy::Disabled => false,
+            DmPolicy::Pairing | DmPolicy::Allowlist => self.allow_from.iter().any(|s| s == sender),
+        }
+    }
+}
+
 impl ChannelsConfig {
+    /// The direct-message policy of the chat-app channel named `channel` (`telegram`, `slack`,
+    /// `webhook-<name>`); `None` for the others (the gateway's own clients, the bus), whose
+    /// callers are authenticated where they connect.
+    pub fn access(&self, channel: &str) -> Option<Access<'_>> {
+        let (policy, allow_from) = match channel {
+            crate::telegram::CHANNEL => (self.telegram.dm_policy, &self.telegram.allow_from),
+            crate::slack::CHANNEL => (self.slack.dm_policy, &self.slack.allow_from),
+            _ => {
+                let hook = self
+                    .webhook
+                    .get(channel.strip_prefix(crate::webhook::CHANNEL_PREFIX)?)?;
+                (hook.dm_policy, &hook.allow_from)
+            }
+        };
+        Some(Access { policy, allow_from })
+    }
+
     /// Checks what the types cannot: each webhook's name is a subject token and its secret set.
     ///
     /// # Errors
@@ -79,6 +118,10 @@ pub struct WebhookConfig {
     pub max_retry_after_ms: u64,
     /// Timeout of one POST.
     pub request_timeout_ms: u64,
+    /// Who may write (`open` by default: requests are signed by a program of your own).
+    pub dm_policy: DmPolicy,
+    /// Senders always let in, whatever the policy (except `disabled`).
+    pub allow_from: Vec<String>,
 }
 
 impl Default for WebhookConfig {
@@ -89,6 +132,8 @@ impl Default for WebhookConfig {
             agent_id: "main".to_owned(),
             max_retry_after_ms: 30_000,
             request_timeout_ms: 10_000,
+            dm_policy: DmPolicy::Open,
+            allow_from: Vec::new(),
         }
     }
 }
@@ -111,6 +156,10 @@ pub struct SlackConfig {
     pub request_timeout_ms: u64,
     /// As `channels.telegram.stream_edit_ms`, with `chat.update`.
     pub stream_edit_ms: u64,
+    /// Who may write in direct messages (`pairing` by default).
+    pub dm_policy: DmPolicy,
+    /// Senders (user ids) always let in, whatever the policy (except `disabled`).
+    pub allow_from: Vec<String>,
 }
 
 impl Default for SlackConfig {
@@ -123,6 +172,8 @@ impl Default for SlackConfig {
             max_retry_after_ms: 30_000,
             request_timeout_ms: 10_000,
             stream_edit_ms: 1_000,
+            dm_policy: DmPolicy::Pairing,
+            allow_from: Vec::new(),
         }
     }
 }
@@ -165,6 +216,11 @@ pub struct TelegramConfig {
     pub poll: bool,
     /// How long one `getUpdates` waits for a message (seconds).
     pub poll_timeout_s: u64,
+    /// Who may write in private chats (`pairing` by default: an unknown sender gets a code
+    /// for an operator to approve, and nothing else).
+    pub dm_policy: DmPolicy,
+    /// Senders (Telegram user ids) always let in, whatever the policy (except `disabled`).
+    pub allow_from: Vec<String>,
 }
 
 impl Default for TelegramConfig {
@@ -179,6 +235,8 @@ impl Default for TelegramConfig {
             stream_edit_ms: 1_000,
             poll: false,
             poll_timeout_s: 25,
+            dm_policy: DmPolicy::Pairing,
+            allow_from: Vec::new(),
         }
     }
 }

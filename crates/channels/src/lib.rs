@@ -13,7 +13,9 @@ pub mod telegram;
 pub mod webhook;
 
 pub use chunk::chunk;
-pub use config::{ChannelsConfig, Secret, SlackConfig, TelegramConfig, WebhookConfig};
+pub use config::{
+    Access, ChannelsConfig, DmPolicy, Secret, SlackConfig, TelegramConfig, WebhookConfig,
+};
 pub use signed::REPLAY_WINDOW;
 
 use std::collections::HashMap;

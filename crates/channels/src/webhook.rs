@@ -16,9 +16,12 @@ pub const SIGNATURE_HEADER: &str = "x-agentloop-signature";
 /// The header carrying the timestamp (Unix seconds).
 pub const TIMESTAMP_HEADER: &str = "x-agentloop-timestamp";
 
+/// What a webhook's channel name starts with.
+pub const CHANNEL_PREFIX: &str = "webhook-";
+
 /// The channel name on the bus of the webhook `name` (`webhook-<name>`).
 pub fn channel(name: &str) -> String {
-    format!("webhook-{name}")
+    format!("{CHANNEL_PREFIX}{name}")
 }
 
 /// Whether `name` may name a webhook (`[a-z0-9_]`, 1 to 32 long): it becomes a subject token.

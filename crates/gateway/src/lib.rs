@@ -22,6 +22,7 @@ mod limits;
 mod memories;
 mod methods;
 mod openai;
+mod operator;
 mod params;
 mod principal;
 mod sessions;

@@ -1,6 +1,7 @@
 //! The WebSocket methods after `connect`: `agent`, `agent.wait`, `chat.send`, `chat.abort`,
 //! `chat.history`, the `sessions.*` methods, the gateway's own `health`, `status`,
-//! `agents.list` and `commands.list`, and the admin's `inbox.subscribe`. Shapes follow
+//! `agents.list` and `commands.list`, the admin's `inbox.subscribe`, and the guard's operator
+//! methods (`operator.rs`). Shapes follow
 //! OpenClaw's gateway protocol where it has the method, so its clients work unmodified.
 //!
 //! Each acts for the connection's principal: it needs the method's scope, and memory answers
@@ -24,10 +25,10 @@ use crate::params::{client_timeout, no_nul, parse};
 use crate::principal::{Principal, Scope};
 use crate::state::AppState;
 use crate::status::{self, millis_now};
-use crate::{RequestError, memories, sessions, usage};
+use crate::{RequestError, memories, operator, sessions, usage};
 
 /// Every method, as hello-ok announces them: exactly what [`call`] serves.
-pub(crate) const METHODS: [&str; 19] = [
+pub(crate) const METHODS: [&str; 27] = [
     "connect",
     "health",
     "status",
@@ -47,10 +48,18 @@ pub(crate) const METHODS: [&str; 19] = [
     "memory.list",
     "memory.forget",
     "inbox.subscribe",
+    "pairing.list",
+    "pairing.approve",
+    "pairing.revoke",
+    "approvals.list",
+    "approvals.resolve",
+    "exec.approval.resolve",
+    "approvals.subscribe",
+    "audit.list",
 ];
 
 /// Every event a connection may get, as hello-ok announces them.
-pub(crate) const EVENTS: [&str; 7] = [
+pub(crate) const EVENTS: [&str; 9] = [
     "connect.challenge",
     "tick",
     "shutdown",
@@ -58,6 +67,8 @@ pub(crate) const EVENTS: [&str; 7] = [
     "chat",
     "sessions.changed",
     "inbox",
+    "exec.approval.requested",
+    "exec.approval.resolved",
 ];
 
 /// `agent.wait` waits this long when the client names no `timeoutMs`.
@@ -73,7 +84,15 @@ fn scope_of(method: &str) -> Option<Scope> {
         | "memory.list" => Some(Scope::Read),
         "agent" | "chat.send" | "chat.abort" | "sessions.reset" | "sessions.patch"
         | "memory.forget" => Some(Scope::Write),
-        "inbox.subscribe" => Some(Scope::Admin),
+        "inbox.subscribe"
+        | "pairing.list"
+        | "pairing.approve"
+        | "pairing.revoke"
+        | "approvals.list"
+        | "approvals.resolve"
+        | "exec.approval.resolve"
+        | "approvals.subscribe"
+        | "audit.list" => Some(Scope::Admin),
         _ => None,
     }
 }
@@ -103,6 +122,17 @@ pub(crate) async fn call(
         (Ok(()), "sessions.subscribe") => {
             return crate::watch::subscribe(state, who, &id, &out_tx, closed).await;
         }
+        (Ok(()), "approvals.subscribe") => {
+            return operator::approvals_subscribe(state, &id, &out_tx, closed).await;
+        }
+        (Ok(()), "pairing.list") => operator::pairing_list(state, params).await,
+        (Ok(()), "pairing.approve") => operator::pairing_approve(state, who, params).await,
+        (Ok(()), "pairing.revoke") => operator::pairing_revoke(state, who, params).await,
+        (Ok(()), "approvals.list") => operator::approvals_list(state).await,
+        (Ok(()), "approvals.resolve" | "exec.approval.resolve") => {
+            operator::approvals_resolve(state, who, method, params).await
+        }
+        (Ok(()), "audit.list") => operator::audit_list(state, params).await,
         (Ok(()), "health") => Ok(status::health(state)),
         (Ok(()), "status") => status::status(state, who).await,
         (Ok(()), "agents.list") => Ok(status::agents_list(state)),

@@ -25,6 +25,9 @@ pub enum MemoryError {
         /// The inbox sequence number the caller presented.
         inbox_seq: i64,
     },
+    /// A pairing code or approval request that does not exist (or no longer does).
+    #[error("{0}")]
+    NotFound(String),
     /// The request is malformed (missing id, unparsable UUID, unknown kind or status).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

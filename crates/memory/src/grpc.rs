@@ -4,6 +4,7 @@
 mod convert;
 mod cooldowns;
 mod gateway;
+mod guard;
 mod inbox;
 mod learn;
 mod memories;
@@ -26,9 +27,9 @@ impl From<MemoryError> for Status {
     fn from(err: MemoryError) -> Self {
         match &err {
             MemoryError::LeaseLost { .. } => Status::failed_precondition(err.to_string()),
-            MemoryError::SessionNotFound(_) | MemoryError::RunNotFound { .. } => {
-                Status::not_found(err.to_string())
-            }
+            MemoryError::SessionNotFound(_)
+            | MemoryError::RunNotFound { .. }
+            | MemoryError::NotFound(_) => Status::not_found(err.to_string()),
             MemoryError::InvalidArgument(_) => Status::invalid_argument(err.to_string()),
             MemoryError::Starting | MemoryError::Stopping | MemoryError::Overloaded => {
                 Status::unavailable(err.to_string())
@@ -118,6 +119,7 @@ impl SessionApi {
             | MemoryError::Overloaded
             | MemoryError::SessionNotFound(_)
             | MemoryError::RunNotFound { .. }
+            | MemoryError::NotFound(_)
             | MemoryError::InvalidArgument(_) => {
                 tracing::debug!(rpc, error = %err, "rpc refused");
             }
@@ -224,6 +226,26 @@ session_service! {
         = "FinishLearnJob" => learn::finish;
     get_usage(pb::GetUsageRequest) -> pb::GetUsageResponse
         = "GetUsage" => usage::get;
+    record_audit(pb::AuditRecord) -> pb::RecordAuditResponse
+        = "RecordAudit" => guard::record;
+    list_audit(pb::ListAuditRequest) -> pb::ListAuditResponse
+        = "ListAudit" => guard::list;
+    check_sender(pb::CheckSenderRequest) -> pb::CheckSenderResponse
+        = "CheckSender" => guard::check_sender;
+    list_pairing(pb::ListPairingRequest) -> pb::ListPairingResponse
+        = "ListPairing" => guard::list_pairing;
+    approve_pairing(pb::ApprovePairingRequest) -> pb::PairedSender
+        = "ApprovePairing" => guard::approve_pairing;
+    revoke_pairing(pb::RevokePairingRequest) -> pb::RevokePairingResponse
+        = "RevokePairing" => guard::revoke_pairing;
+    request_approval(pb::RequestApprovalRequest) -> pb::Approval
+        = "RequestApproval" => guard::request_approval;
+    get_approval(pb::GetApprovalRequest) -> pb::Approval
+        = "GetApproval" => guard::get_approval;
+    resolve_approval(pb::ResolveApprovalRequest) -> pb::Approval
+        = "ResolveApproval" => guard::resolve_approval;
+    list_approvals(pb::ListApprovalsRequest) -> pb::ListApprovalsResponse
+        = "ListApprovals" => guard::list_approvals;
 }
 
 #[cfg(test)]

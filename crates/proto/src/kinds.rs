@@ -167,6 +167,8 @@ words! {
         Wake = "wake",
         /// New input waits and the live run must stop for it.
         Interrupt = "interrupt",
+        /// An operator answered one of the run's approval requests: read it now.
+        Approval = "approval",
     }
 }
 
@@ -185,6 +187,8 @@ words! {
         Error = "error",
         /// What the injection scanner found (`data`: level, family, rule, origin).
         Security = "security",
+        /// A tool call waiting for an operator (`data`: id, tool, arguments, expiresAtMs).
+        Approval = "approval",
     }
 }
 
@@ -211,6 +215,10 @@ words! {
         Withheld = "withheld",
         /// A tool call was denied before it ran.
         Denied = "denied",
+        /// A tool call waits for an operator's approval.
+        Requested = "requested",
+        /// An operator (or the timeout) answered an approval request.
+        Resolved = "resolved",
     }
 }
 
@@ -251,6 +259,12 @@ mod tests {
         round_trips(ControlAction::ALL);
         round_trips(EventStream::ALL);
         round_trips(EventPhase::ALL);
+        round_trips(DmPolicy::ALL);
+        round_trips(SenderAccess::ALL);
+        round_trips(ToolPolicy::ALL);
+        round_trips(ApprovalStatus::ALL);
+        round_trips(ApprovalDecision::ALL);
+        round_trips(AuditSource::ALL);
     }
 
     #[test]
@@ -301,5 +315,87 @@ words! {
         In = "in",
         /// A reply to a channel.
         Out = "out",
+    }
+}
+
+words! {
+    /// Who may write to an assistant on a chat app's direct messages (`dm_policy`).
+    DmPolicy, "dm policy" {
+        /// Unknown senders get a pairing code for an operator to approve.
+        Pairing = "pairing",
+        /// Only senders listed in `allow_from` or paired earlier.
+        Allowlist = "allowlist",
+        /// Anyone.
+        Open = "open",
+        /// No direct messages at all.
+        Disabled = "disabled",
+    }
+}
+
+words! {
+    /// Whether a sender may write on a direct-message channel (memory's `CheckSender`).
+    SenderAccess, "sender access" {
+        /// Paired: the message goes on.
+        Allowed = "allowed",
+        /// Waiting for an operator to approve its pairing code.
+        Pending = "pending",
+        /// Unknown, and the channel has as many pending codes as it allows.
+        Full = "full",
+        /// Unknown, and the channel does not pair.
+        Refused = "refused",
+    }
+}
+
+words! {
+    /// What an agent's tool policy says about a tool.
+    ToolPolicy, "tool policy" {
+        /// The call runs.
+        Allow = "allow",
+        /// The call waits for an operator's approval.
+        Ask = "ask",
+        /// The call is refused; the model is told.
+        Deny = "deny",
+    }
+}
+
+words! {
+    /// Where an approval request stands.
+    ApprovalStatus, "approval status" {
+        /// Waiting for an operator.
+        Pending = "pending",
+        /// Approved: the call runs.
+        Approved = "approved",
+        /// Denied by an operator.
+        Denied = "denied",
+        /// Nobody answered in time: denied.
+        Expired = "expired",
+    }
+}
+
+words! {
+    /// An operator's answer to an approval request (OpenClaw's words).
+    ApprovalDecision, "approval decision" {
+        /// Run this call.
+        AllowOnce = "allow-once",
+        /// Run this call and every later call of the tool in the session.
+        AllowAlways = "allow-always",
+        /// Refuse the call.
+        Deny = "deny",
+    }
+}
+
+words! {
+    /// Which part of the guard made a security decision (the audit's `source`).
+    AuditSource, "audit source" {
+        /// The injection scanner.
+        Scanner = "scanner",
+        /// The Guardian's review.
+        Guardian = "guardian",
+        /// Pairing of direct-message senders.
+        Pairing = "pairing",
+        /// Tool approvals.
+        Approval = "approval",
+        /// An agent's tool policy.
+        Policy = "policy",
     }
 }

@@ -16,7 +16,8 @@ pub use ids::{
     stream_idempotency_key,
 };
 pub use kinds::{
-    ControlAction, EventPhase, EventStream, InboxDirection, InboxKind, QueueMode, RunStatus,
+    ApprovalDecision, ApprovalStatus, AuditSource, ControlAction, DmPolicy, EventPhase,
+    EventStream, InboxDirection, InboxKind, QueueMode, RunStatus, SenderAccess, ToolPolicy,
     UnknownWord,
 };
 pub use run_id::run_id;

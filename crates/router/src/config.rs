@@ -1,5 +1,5 @@
-//! Router settings: `[bus]`, `[memory]` (url), `[models]` (default, allowlist), `[scanner]` and
-//! `[router]`.
+//! Router settings: `[bus]`, `[memory]` (url), `[models]` (default, allowlist), `[scanner]`,
+//! `[channels]` (direct-message policies) and `[router]`.
 
 use agentloop_bus::BusConfig;
 
@@ -19,6 +19,8 @@ pub struct RouterConfig {
     pub agents: std::collections::BTreeMap<String, AgentModel>,
     /// The injection scanner every inbound message goes through.
     pub scanner: agentloop_scanner::ScannerConfig,
+    /// The part of `[channels.<name>]` the router uses: who may write on direct messages.
+    pub channels: agentloop_channels::ChannelsConfig,
 }
 
 agentloop_lifecycle::config_schema!(RouterConfig);

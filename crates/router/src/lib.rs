@@ -3,7 +3,9 @@
 //! memory's `SessionService` for the session, publishes `<prefix>.run.<session_id>`.
 
 mod config;
+mod direct;
 mod error;
+mod pairing;
 mod route;
 mod screen;
 

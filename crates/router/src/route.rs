@@ -12,13 +12,15 @@ use tracing::Instrument as _;
 use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Backoff, Counter, Health, retry};
 use agentloop_proto::v1::{
-    ControlMessage, InboundMessage, InboxEvent, OutboundMessage, ResolveSessionRequest, RunCommand,
-    Session, session_service_client::SessionServiceClient,
+    AuditRecord, InboundMessage, InboxEvent, ResolveSessionRequest, RunCommand, Session,
+    session_service_client::SessionServiceClient,
 };
-use agentloop_proto::{EventPhase, InboxDirection};
-use agentloop_scanner::{Decision, Scan, Scanner};
+use agentloop_proto::{AuditSource, EventPhase, InboxDirection, SenderAccess};
+use agentloop_scanner::{Decision, Scanner};
 
-use crate::screen::{mark, security_event};
+use crate::direct;
+use crate::pairing::{self, Gate};
+use crate::screen::{mark, scan_record, security_event};
 use agentloop_telemetry::TracedChannel;
 
 use crate::{RouterConfig, RouterError};
@@ -34,10 +36,10 @@ struct Routed {
     span: tracing::Span,
 }
 
-struct Ctx {
-    bus: Bus,
-    sessions: SessionServiceClient<TracedChannel>,
-    config: RouterConfig,
+pub(crate) struct Ctx {
+    pub(crate) bus: Bus,
+    pub(crate) sessions: SessionServiceClient<TracedChannel>,
+    pub(crate) config: RouterConfig,
     routed: Counter,
     retried: Counter,
     dead_letters: DeadLetters,
@@ -47,6 +49,8 @@ struct Ctx {
     cache: Mutex<std::collections::HashMap<String, (std::time::Instant, Session)>>,
     /// The injection scanner (`None`: `scanner.enabled = false`).
     scanner: Option<Scanner>,
+    /// Direct-message senders memory said are paired, and when.
+    paired: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// Most sessions the cache remembers; past it the cache starts over.
@@ -85,6 +89,7 @@ pub(crate) async fn serve(
         ),
         config: config.clone(),
         scanner,
+        paired: Mutex::default(),
     });
     // Bounded: past `concurrency` sessions in flight the dispatcher waits, and the messages
     // queued behind a session's own are held by the consumer's `max_ack_pending`, so a slow
@@ -190,7 +195,6 @@ async fn publish_run(
     msg: &jetstream::Message,
     inbound: InboundMessage,
 ) -> Result<(), String> {
-    let session = resolve(ctx, &inbound).await?;
     // A message without a client key is keyed by its stream position, which a redelivery keeps.
     let idempotency_key = if inbound.idempotency_key.is_empty() {
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
@@ -198,8 +202,12 @@ async fn publish_run(
     } else {
         inbound.idempotency_key.clone()
     };
+    let Some(inbound) = admit(ctx, inbound, &idempotency_key).await? else {
+        return Ok(());
+    };
+    let session = resolve(ctx, &inbound).await?;
     if inbound.text.trim() == "/stop" {
-        return stop(ctx, &session.id, inbound).await;
+        return direct::stop(ctx, &session.id, inbound).await;
     }
     let agent_id = if inbound.agent_id.is_empty() {
         session.agent_id.as_str()
@@ -209,7 +217,9 @@ async fn publish_run(
     let run_id = agentloop_proto::run_id(&session.id, &idempotency_key);
     let flagged = match ctx.scanner.as_ref().map(|s| s.scan(&inbound.text)) {
         Some(scan) => match ctx.config.scanner.decide(agent_id, scan.level) {
-            Decision::Block => return block(ctx, &session.id, &run_id, inbound, &scan).await,
+            Decision::Block => {
+                return direct::block(ctx, &session.id, &run_id, inbound, &scan).await;
+            }
             Decision::Wrap => Some(scan),
             Decision::Pass => None,
         },
@@ -262,6 +272,11 @@ async fn publish_run(
         .await
         .map_err(|e| error_chain(&e))?;
     if let Some(scan) = &flagged {
+        direct::audit(
+            ctx,
+            scan_record(scan, "flagged", &command.session_id, &run_id),
+        )
+        .await?;
         let event = security_event(
             &command.session_id,
             &command.session_key,
@@ -284,6 +299,74 @@ async fn publish_run(
         })
         .await;
     Ok(())
+}
+
+/// The direct-message gate (`dm_policy`): the message back when its sender may write, `None`
+/// when it was answered with a pairing code or refused.
+async fn admit(
+    ctx: &Ctx,
+    inbound: InboundMessage,
+    idempotency_key: &str,
+) -> Result<Option<InboundMessage>, String> {
+    let request = match pairing::gate(ctx.config.channels.access(&inbound.channel), &inbound) {
+        Gate::Pass => return Ok(Some(inbound)),
+        Gate::Refuse(reason) => {
+            tracing::warn!(channel = %inbound.channel, sender = %inbound.sender_id, reason, "direct message refused");
+            let record = AuditRecord {
+                source: AuditSource::Pairing.as_str().to_owned(),
+                decision: "refused".to_owned(),
+                subject: format!("{}:{}", inbound.channel, inbound.sender_id),
+                actor: "dm_policy".to_owned(),
+                reason: reason.to_owned(),
+                dedupe_key: format!("pairing:{}:{idempotency_key}", inbound.channel),
+                ..Default::default()
+            };
+            direct::audit(ctx, record).await?;
+            return Ok(None);
+        }
+        Gate::Ask(request) => request,
+    };
+    let ttl = Duration::from_millis(ctx.config.router.session_cache_ttl_ms);
+    let key = format!("{}\u{0}{}", inbound.channel, inbound.sender_id);
+    let known = |paired: &std::collections::HashMap<String, std::time::Instant>| {
+        paired.get(&key).is_some_and(|at| at.elapsed() < ttl)
+    };
+    if known(&ctx.paired.lock().unwrap_or_else(PoisonError::into_inner)) {
+        return Ok(Some(inbound));
+    }
+    let checked = ctx
+        .sessions
+        .clone()
+        .check_sender(request)
+        .await
+        .map_err(|status| format!("memory: {}", status.message()))?
+        .into_inner();
+    let outcome: SenderAccess = checked
+        .outcome
+        .parse()
+        .map_err(|e| format!("memory: {e}"))?;
+    match pairing::answer(outcome, &checked.code) {
+        None => {
+            if !ttl.is_zero() {
+                let mut paired = ctx.paired.lock().unwrap_or_else(PoisonError::into_inner);
+                if paired.len() >= CACHE_CAPACITY {
+                    paired.clear();
+                }
+                paired.insert(key, std::time::Instant::now());
+            }
+            Ok(Some(inbound))
+        }
+        Some(None) => {
+            tracing::info!(channel = %inbound.channel, sender = %inbound.sender_id, %outcome, "direct message from an unpaired sender dropped");
+            Ok(None)
+        }
+        Some(Some(text)) => {
+            tracing::info!(channel = %inbound.channel, sender = %inbound.sender_id, code = %checked.code, created = checked.created, "unpaired sender answered with its pairing code");
+            let msg_id = format!("pairing-{}-{idempotency_key}", inbound.channel);
+            direct::reply_directly(ctx, "", "", inbound, text, Some(&msg_id)).await?;
+            Ok(None)
+        }
+    }
 }
 
 /// Resolves the session, from the cache when it was resolved in the last
@@ -321,105 +404,6 @@ async fn resolve(ctx: &Ctx, inbound: &InboundMessage) -> Result<Session, String>
         cache.insert(cache_key, (std::time::Instant::now(), session.clone()));
     }
     Ok(session)
-}
-
-/// `/stop`: aborts the session's live run (its owner answers it with "Stopped.") and confirms.
-async fn stop(ctx: &Ctx, session_id: &str, inbound: InboundMessage) -> Result<(), String> {
-    let abort = ControlMessage {
-        session_id: session_id.to_owned(),
-        action: agentloop_proto::ControlAction::Abort.as_str().to_owned(),
-        reason: "/stop".to_owned(),
-    };
-    ctx.bus
-        .publish_fast(
-            ctx.bus.subjects().control(session_id),
-            &abort,
-            agentloop_proto::Encoding::Proto,
-        )
-        .await
-        .map_err(|e| error_chain(&e))?;
-    reply_directly(
-        ctx,
-        session_id,
-        "",
-        inbound,
-        "Stopping the current run.".to_owned(),
-        None,
-    )
-    .await
-}
-
-/// The router's own answer to a message that starts no run (`/stop`, a blocked message),
-/// sent on the message's channel (and reply subject) like any reply.
-async fn reply_directly(
-    ctx: &Ctx,
-    session_id: &str,
-    run_id: &str,
-    inbound: InboundMessage,
-    text: String,
-    msg_id: Option<&str>,
-) -> Result<(), String> {
-    let reply = OutboundMessage {
-        session_key: inbound.session_key,
-        session_id: session_id.to_owned(),
-        run_id: run_id.to_owned(),
-        channel: inbound.channel.clone(),
-        recipient: inbound.sender_id,
-        text,
-        r#final: true,
-        reply_subject: inbound.reply_subject,
-        reply_encoding: inbound.reply_encoding,
-        ts: Some(agentloop_proto::now()),
-        ..Default::default()
-    };
-    ctx.bus
-        .publish_durable(
-            ctx.bus.subjects().outbound(&inbound.channel),
-            &reply,
-            msg_id,
-        )
-        .await
-        .map_err(|e| error_chain(&e))
-}
-
-/// A message the scanner blocks: nothing of it goes on (no run, no transcript entry); the
-/// sender is told why, and a `security` event reports it.
-async fn block(
-    ctx: &Ctx,
-    session_id: &str,
-    run_id: &str,
-    inbound: InboundMessage,
-    scan: &Scan,
-) -> Result<(), String> {
-    let top = scan.top();
-    tracing::warn!(
-        session_key = %inbound.session_key,
-        channel = %inbound.channel,
-        level = %scan.level,
-        family = top.map_or("", |h| h.family.as_str()),
-        rule = top.map_or("", |h| h.rule.as_str()),
-        "inbound message blocked by the injection scanner"
-    );
-    let event = security_event(
-        session_id,
-        &inbound.session_key,
-        run_id,
-        EventPhase::Blocked,
-        scan,
-    );
-    // The refusal is stored before the event, so a client that ends on the event finds it.
-    let text = agentloop_scanner::refusal(scan);
-    reply_directly(
-        ctx,
-        session_id,
-        run_id,
-        inbound,
-        text,
-        Some(&format!("blocked-{run_id}")),
-    )
-    .await?;
-    ctx.bus.emit_event(&event).await;
-    Ok(())
 }
 
 /// Session override > agent config > global default, each only within the allowlist when one

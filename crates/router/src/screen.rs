@@ -3,8 +3,12 @@
 
 use std::collections::HashMap;
 
+use agentloop_proto::AuditSource;
 use agentloop_proto::EventStream;
-use agentloop_proto::{EventPhase, v1::SystemEvent};
+use agentloop_proto::{
+    EventPhase,
+    v1::{AuditRecord, SystemEvent},
+};
 use agentloop_scanner::Scan;
 
 /// Records in a run command's metadata what the scanner found, for the runner to wrap the
@@ -23,6 +27,28 @@ pub(crate) fn mark(metadata: &mut HashMap<String, String>, scan: &Scan) {
             agentloop_proto::META_SECURITY_RULE.to_owned(),
             top.rule.clone(),
         );
+    }
+}
+
+/// The audit record of the scanner's decision on an inbound message (one per run id).
+pub(crate) fn scan_record(
+    scan: &Scan,
+    decision: &str,
+    session_id: &str,
+    run_id: &str,
+) -> AuditRecord {
+    let top = scan.top();
+    AuditRecord {
+        source: AuditSource::Scanner.as_str().to_owned(),
+        decision: decision.to_owned(),
+        level: scan.level.as_str().to_owned(),
+        subject: "inbound message".to_owned(),
+        session_id: session_id.to_owned(),
+        run_id: run_id.to_owned(),
+        actor: top.map_or(String::new(), |h| h.rule.clone()),
+        reason: top.map_or(String::new(), |h| h.family.as_str().to_owned()),
+        dedupe_key: format!("scanner:{run_id}"),
+        ..Default::default()
     }
 }
 

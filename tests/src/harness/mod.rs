@@ -37,7 +37,7 @@ pub struct SandboxOptions {
     pub memory: Option<MemoryTweak>,
     /// Starts no delivery service: only what the runner itself publishes reaches anyone.
     pub no_delivery: bool,
-    /// `[channels]` of the gateway and delivery (chat apps).
+    /// `[channels]` of the gateway, router and delivery (chat apps).
     pub channels: Option<agentloop_channels::ChannelsConfig>,
     /// Changes to the gateway's settings (tick interval, limits).
     pub gateway: Option<GatewayTweak>,
@@ -120,6 +120,7 @@ impl Sandbox {
         };
         router.memory.url = memory_url.clone();
         router.models.default_model = "openai/fake-echo".to_owned();
+        router.channels = options.channels.clone().unwrap_or_default();
         services.push(handle("router", move |t| agentloop_router::run(router, t)));
 
         let mut runner = agentloop_agent_runner::RunnerConfig {

@@ -8,6 +8,7 @@
 //! because tools of one batch run at once.
 
 mod batch;
+mod policy;
 mod recovery;
 mod reply;
 mod resume;

@@ -301,6 +301,14 @@ async fn second_opinion(
         ctx.events
             .security(EventPhase::Denied, data.to_string())
             .await;
+        ctx.audit(
+            agentloop_proto::AuditSource::Guardian,
+            "denied",
+            "inbound message",
+            verdict.by.as_str(),
+            &format!("{} risk: {}", verdict.level, verdict.reason),
+        )
+        .await;
         let text = format!(
             "I won't act on this message: a security review judged it {} risk ({}).",
             verdict.level, verdict.reason

@@ -8,6 +8,7 @@ pub(crate) mod cooldowns;
 pub(crate) mod error;
 mod finish;
 mod gateway;
+pub(crate) mod guard;
 mod held;
 mod inbox;
 pub(crate) mod learn;
@@ -31,6 +32,7 @@ use crate::MemoryError;
 
 pub use gateway::{Caller, Dispatch, DispatchLookup, SessionInfo, SessionPatch};
 
+pub use guard::{ApprovalAsk, ApprovalRow, AuditRow, PairedSender};
 pub use inbox::{Enqueued, InboxItem, Taken};
 pub use learn::LearnJob;
 pub use memories::{Embedding, Memory, MemoryScope, SkillSnapshot};
