@@ -6,7 +6,7 @@ use agentloop_proto::EventPhase;
 use agentloop_proto::v1::{AuditRecord, ControlMessage, InboundMessage, OutboundMessage};
 use agentloop_scanner::Scan;
 
-use crate::route::Ctx;
+use crate::ctx::Ctx;
 use crate::screen::{scan_record, security_event};
 
 /// Appends `record` to the security audit (memory dedupes a redelivered message's record).

@@ -3,6 +3,7 @@
 //! memory's `SessionService` for the session, publishes `<prefix>.run.<session_id>`.
 
 mod config;
+mod ctx;
 mod direct;
 mod error;
 mod pairing;

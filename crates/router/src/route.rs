@@ -10,18 +10,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
-use agentloop_lifecycle::{Backoff, Counter, Health, retry};
+use agentloop_lifecycle::{Backoff, Health, retry};
 use agentloop_proto::v1::{
     AuditRecord, InboundMessage, InboxEvent, ResolveSessionRequest, RunCommand, Session,
     session_service_client::SessionServiceClient,
 };
 use agentloop_proto::{AuditSource, EventPhase, InboxDirection, SenderAccess};
-use agentloop_scanner::{Decision, Scanner};
+use agentloop_scanner::Decision;
 
+use crate::ctx::Ctx;
 use crate::direct;
 use crate::pairing::{self, Gate};
 use crate::screen::{mark, scan_record, security_event};
-use agentloop_telemetry::TracedChannel;
 
 use crate::{RouterConfig, RouterError};
 
@@ -34,23 +34,6 @@ struct Routed {
     msg: jetstream::Message,
     inbound: InboundMessage,
     span: tracing::Span,
-}
-
-pub(crate) struct Ctx {
-    pub(crate) bus: Bus,
-    pub(crate) sessions: SessionServiceClient<TracedChannel>,
-    pub(crate) config: RouterConfig,
-    routed: Counter,
-    retried: Counter,
-    dead_letters: DeadLetters,
-    /// Acks of routed messages, sent in batches.
-    acks: agentloop_bus::Acks,
-    /// Sessions resolved lately.
-    cache: Mutex<std::collections::HashMap<String, (std::time::Instant, Session)>>,
-    /// The injection scanner (`None`: `scanner.enabled = false`).
-    scanner: Option<Scanner>,
-    /// Direct-message senders memory said are paired, and when.
-    paired: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// Most sessions the cache remembers; past it the cache starts over.
