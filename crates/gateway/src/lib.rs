@@ -40,6 +40,26 @@ pub use device::DeviceError;
 pub use error::{GatewayError, RequestError};
 pub use principal::{Scope, Secret, TokenGrant};
 
+/// A fuzzing entry, not an API: one client frame through what the gateway reads of it before
+/// a client is authenticated (the frame's JSON, `connect`'s params, the protocol range, the
+/// token and a device's signed proof). `fuzz/fuzz_targets/gateway_frame.rs` drives it.
+#[doc(hidden)]
+pub fn fuzz_frame(text: &str) {
+    let Ok(frame) = serde_json::from_str::<serde_json::Value>(text) else {
+        return;
+    };
+    let _ = frame.get("method").and_then(serde_json::Value::as_str);
+    let params = frame
+        .get("params")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    if let Ok(connect) = handshake::ConnectParams::parse(params) {
+        let _ = connect.protocol();
+        let _ = connect.token();
+        let _ = connect.device_id("fuzz-nonce", 1_700_000_000_000);
+    }
+}
+
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
