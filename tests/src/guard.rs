@@ -350,3 +350,74 @@ async fn an_unanswered_approval_expires_and_the_call_is_refused() {
     assert_eq!(status, "expired");
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_call_waiting_for_approval_survives_its_runner_stopping_and_runs_once_on_the_next() {
+    // Arrange: two runners; the one holding the run gives it up 300 ms into a stop
+    let calls = Arc::new(AtomicUsize::new(0));
+    let options = SandboxOptions {
+        runners: 2,
+        extensions: Extensions {
+            tools: vec![Arc::new(Deploy {
+                calls: calls.clone(),
+            }) as Arc<dyn Tool>],
+            hooks: Vec::new(),
+        },
+        runner: Some(Box::new(|config| {
+            config.runner.drain_timeout_ms = 300;
+            let mut agent = agentloop_agent_runner::AgentConfig::default();
+            agent.tool_policy.insert("deploy".into(), ToolPolicy::Ask);
+            config.agents.insert("main".into(), agent);
+        })),
+        ..Default::default()
+    };
+    let mut sandbox = Sandbox::start_with(options).await.unwrap();
+    let mut operator = Client::connected(&sandbox, None).await.unwrap();
+    operator
+        .call("approvals.subscribe", json!({}))
+        .await
+        .unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    sandbox
+        .publish_json(
+            "cli",
+            json!({"sessionKey": "handover", "agentId": "main", "text": "ship [[tool:deploy]]"}),
+        )
+        .await
+        .unwrap();
+    let first = event(&mut operator, "exec.approval.requested").await;
+    let pool = sandbox.pool().await.unwrap();
+    let first_owner: String = sqlx::query_scalar("SELECT owner FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    // Act: the runner waiting on the operator stops; the other takes the session over
+    sandbox.stop_runner(&first_owner).await.unwrap();
+    let again = event(&mut operator, "exec.approval.requested").await;
+    let resolved = operator
+        .call(
+            "approvals.resolve",
+            json!({"id": again["id"], "decision": "allow-once"}),
+        )
+        .await
+        .unwrap();
+
+    // Assert: the same request, answered once, the tool run once, by the other runner
+    assert_eq!(again["id"], first["id"], "a new request after the handover");
+    assert_eq!(resolved["ok"], true, "{resolved}");
+    let reply = next_reply(&mut replies, WAIT).await.unwrap();
+    assert_eq!(reply.text, "tool results: deployed v42");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let requests: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_approvals")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(requests, 1);
+    let owner: String = sqlx::query_scalar("SELECT owner FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_ne!(owner, first_owner);
+    sandbox.shutdown().await.unwrap();
+}
