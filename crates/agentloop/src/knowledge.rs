@@ -46,6 +46,8 @@ impl Args {
                     .next()
                     .with_context(|| format!("{arg} needs a value"))?;
                 out.flags.push((arg.clone(), value.clone()));
+            } else if arg == "--edit" || arg == "--yes" {
+                out.words.push(arg.clone());
             } else if arg.starts_with("--") {
                 bail!("unknown flag {arg}");
             } else {

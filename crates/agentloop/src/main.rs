@@ -2,6 +2,7 @@
 
 mod all;
 mod chat;
+mod dlq;
 mod guard;
 mod knowledge;
 mod send;
@@ -24,6 +25,7 @@ const USAGE: &str = "usage: agentloop <gateway|router|runner|memory|delivery|all
        agentloop memory list|forget (--user KEY | --principal NAME) [--agent ID] [--id ID | --query TEXT]
        agentloop pairing list [--channel NAME] | approve CODE | revoke CHANNEL SENDER
        agentloop approvals list | resolve ID allow-once|allow-always|deny
+       agentloop dlq list [--limit N] [--json] | show ID | retry ID [--edit] | purge --yes
        agentloop audit [--limit N] [--source scanner|guardian|pairing|approval|policy] [--json]
 
 Starts one agentloop service, or every service in one process (all).
@@ -121,6 +123,7 @@ async fn start(command: String) -> anyhow::Result<()> {
         "pairing" => return guard::pairing(&args).await,
         "approvals" => return guard::approvals(&args).await,
         "audit" => return guard::audit(&args).await,
+        "dlq" => return dlq::run(&args).await,
         "memory"
             if matches!(
                 args.iter()

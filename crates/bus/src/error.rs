@@ -68,6 +68,15 @@ pub enum BusError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// An operator's action on a stream (reading or removing dead letters) failed.
+    #[error("failed to {what}")]
+    Admin {
+        /// What was being done.
+        what: String,
+        /// The client's or server's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A credentials file (`creds_file`, `nkey_seed_file`) could not be used.
     #[error("failed to use nats credentials {path}")]
     Credentials {
@@ -105,7 +114,10 @@ impl BusError {
             | Self::ServerTooOld { .. }
             | Self::JetStreamDisabled { .. } => true,
             Self::Stream { source, .. } => is_permanent_refusal(&source.kind()),
-            Self::Connect { .. } | Self::Consumer { .. } | Self::Publish { .. } => false,
+            Self::Connect { .. }
+            | Self::Consumer { .. }
+            | Self::Publish { .. }
+            | Self::Admin { .. } => false,
         }
     }
 }

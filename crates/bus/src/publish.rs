@@ -140,7 +140,7 @@ impl Bus {
     /// the message id makes a retry of a stored message a duplicate the stream drops. Whether
     /// a stream should capture the subject is the caller's knowledge, never inferred from a
     /// "no responders": taking that for "nothing to store" lost replies in a failover.
-    async fn send_confirmed(
+    pub(crate) async fn send_confirmed(
         &self,
         subject: &str,
         publish: Publish,
