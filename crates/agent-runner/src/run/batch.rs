@@ -192,6 +192,8 @@ impl RunCtx<'_> {
     /// Runs one tool call through the hooks, with its timeout; failures become error results.
     async fn call_tool(&self, tools: &ToolSet, call: ToolCall) -> ToolOutcome {
         let started = Instant::now();
+        self.tool_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let hooks = &self.replica.hooks;
         let mut arguments = call.arguments.clone();
         let before = hooks

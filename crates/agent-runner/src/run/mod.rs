@@ -67,6 +67,10 @@ pub(crate) struct RunCtx<'a> {
     events: RunEvents,
     /// What the `send_message` tool sent: the final reply must not say it again.
     sends: Arc<Mutex<Vec<SentMessage>>>,
+    /// When this attempt started, for the run's end line.
+    started: std::time::Instant,
+    /// Tool calls this attempt made (parallel calls count each).
+    tool_calls: std::sync::atomic::AtomicU32,
 }
 
 /// What a run changes as it goes.
@@ -171,6 +175,8 @@ pub(crate) async fn execute(
             replica.settings.tool_event_max_bytes,
         ),
         sends: Arc::default(),
+        started: std::time::Instant::now(),
+        tool_calls: std::sync::atomic::AtomicU32::new(0),
     };
     let mut state = RunState::default();
     if let Some(why) = Why::exhausted(run.attempts) {
@@ -268,6 +274,24 @@ impl RunCtx<'_> {
 
     /// Counts the run and emits its lifecycle `end` or `error`.
     async fn ended(&self, outcome: &Outcome, set_aside: bool) {
+        // One line per run, what an operator greps for first.
+        tracing::info!(
+            session_id = %self.session_id,
+            session_key = %self.command.session_key,
+            run_id = %self.run.id,
+            agent = %agent_id(self.command),
+            model = %outcome.model,
+            outcome = %outcome.status,
+            duration_ms = self.started.elapsed().as_millis() as u64,
+            turns = outcome.turns,
+            input_tokens = outcome.usage.input_tokens,
+            output_tokens = outcome.usage.output_tokens,
+            tool_calls = self.tool_calls.load(std::sync::atomic::Ordering::Relaxed),
+            attempt = self.run.attempts,
+            set_aside,
+            error = %outcome.error,
+            "run ended"
+        );
         let metrics = &self.replica.metrics;
         if outcome.status == RunStatus::Completed {
             metrics.runs_completed.inc();
