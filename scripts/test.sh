@@ -10,6 +10,8 @@ ensure_postgres
 ensure_nextest
 # The TLS test makes its certificates with the openssl command.
 command -v openssl >/dev/null 2>&1 || { log "installing openssl"; apt-get install -y -qq openssl >/dev/null; }
+# A real Prometheus (Debian's package) for the metrics test.
+command -v prometheus >/dev/null 2>&1 || { log "installing prometheus"; apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 # Chromium and the pinned Python clients (openai, playwright) for the gateway's client tests.
 bash tests/python/setup.sh
 # The MCP servers (npm) the runner's MCP tests start.

@@ -583,4 +583,16 @@ for e in errors:
 sys.exit(1 if errors else 0)
 PY
 
+# 4. Prometheus alert rules: syntax, and their unit tests (alerts fire on the series that
+#    should fire them). promtool comes with Debian's prometheus package.
+command -v promtool >/dev/null 2>&1 || {
+  log "installing promtool (Debian package prometheus)"
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+}
+log "deploy/prometheus: promtool check rules + test rules"
+promtool check rules "$TARGET/deploy/prometheus/alerts.yaml" || die "alert rules are invalid"
+(cd "$TARGET/deploy/prometheus" && promtool test rules alerts_test.yaml) || die "alert rule tests failed"
+python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$TARGET/deploy/grafana/agentloop.json" \
+  || die "deploy/grafana/agentloop.json is not JSON"
+
 log "all deployment files are valid ($((SECONDS - START_SECONDS))s)"

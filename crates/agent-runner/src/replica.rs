@@ -77,6 +77,20 @@ pub(crate) struct Metrics {
     pub(crate) runs_completed: Counter,
     pub(crate) runs_failed: Counter,
     pub(crate) claims: Counter,
+    /// Runs ended, by agent and outcome.
+    pub(crate) runs: agentloop_lifecycle::CounterFamily,
+    /// How long runs took, by agent and outcome.
+    pub(crate) run_seconds: agentloop_lifecycle::HistogramFamily,
+    /// Runs live on this replica now.
+    pub(crate) in_flight: agentloop_lifecycle::Gauge,
+    /// Tokens the model read and wrote, by provider, model and direction.
+    pub(crate) tokens: agentloop_lifecycle::CounterFamily,
+    /// Tool calls, by tool and outcome (ok, error).
+    pub(crate) tool_calls: agentloop_lifecycle::CounterFamily,
+    /// How long tool calls took, by tool.
+    pub(crate) tool_seconds: agentloop_lifecycle::HistogramFamily,
+    /// The guard's decisions, by source and decision.
+    pub(crate) security: agentloop_lifecycle::CounterFamily,
 }
 
 /// The parts of a replica made before it (connections, counters, extensions).

@@ -174,6 +174,34 @@ fn metrics(health: &Health) -> Metrics {
             "agentloop_runner_session_claims_total",
             "Session leases taken by this replica.",
         ),
+        runs: health.counter_family(
+            "agentloop_runner_runs_total",
+            "Runs ended, by agent and outcome (completed, max_turns, aborted, timeout, failed, ...).",
+        ),
+        run_seconds: health.histogram_family(
+            "agentloop_runner_run_duration_seconds",
+            "Time from a run's start to its end on this replica, by agent and outcome.",
+        ),
+        in_flight: health.gauge(
+            "agentloop_runner_runs_in_flight",
+            "Runs live on this replica now.",
+        ),
+        tokens: health.counter_family(
+            "agentloop_runner_tokens_total",
+            "Tokens models read (input) and wrote (output), by provider and model.",
+        ),
+        tool_calls: health.counter_family(
+            "agentloop_runner_tool_calls_total",
+            "Tool calls, by tool and outcome (ok, error).",
+        ),
+        tool_seconds: health.histogram_family(
+            "agentloop_runner_tool_duration_seconds",
+            "How long tool calls took, by tool.",
+        ),
+        security: health.counter_family(
+            "agentloop_security_decisions_total",
+            "The guard's decisions (scanner, guardian, approval, policy), by source and decision.",
+        ),
     }
 }
 

@@ -29,7 +29,10 @@ async fn readyz(State(health): State<Health>) -> impl IntoResponse {
 
 async fn metrics(State(health): State<Health>) -> impl IntoResponse {
     (
-        [("content-type", "text/plain; version=0.0.4")],
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         health.render_metrics(),
     )
 }

@@ -8,6 +8,7 @@ mod config_check;
 mod config_env;
 mod config_schema;
 mod health;
+mod process;
 mod retry;
 
 pub use admin::{AdminError, AdminServer, admin_routes, run_with_admin};
@@ -17,7 +18,9 @@ pub use config::{
 };
 pub use config_check::{UnknownName, UnknownNames};
 pub use config_schema::Schema;
-pub use health::{Counter, Health, Readiness};
+pub use health::{Counter, CounterFamily, Health, HistogramFamily, Labels, Readiness};
+/// The metric types services use beside [`Counter`].
+pub use prometheus_client::metrics::gauge::Gauge;
 pub use retry::{Backoff, retry};
 
 /// For [`config_schema!`]: the registry it submits to, so that callers need no dependency of

@@ -25,6 +25,8 @@ pub(crate) struct Ctx {
     pub(crate) cache: Mutex<std::collections::HashMap<String, (std::time::Instant, Session)>>,
     /// The injection scanner (`None`: `scanner.enabled = false`).
     pub(crate) scanner: Option<Scanner>,
+    /// The guard's decisions here, by source and decision.
+    pub(crate) security: agentloop_lifecycle::CounterFamily,
     /// Direct-message senders memory said are paired, and when.
     pub(crate) paired: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }

@@ -11,6 +11,12 @@ use crate::screen::{scan_record, security_event};
 
 /// Appends `record` to the security audit (memory dedupes a redelivered message's record).
 pub(crate) async fn audit(ctx: &Ctx, record: AuditRecord) -> Result<(), String> {
+    ctx.security
+        .get_or_create(&vec![
+            ("source", record.source.clone()),
+            ("decision", record.decision.clone()),
+        ])
+        .inc();
     ctx.sessions
         .clone()
         .record_audit(record)

@@ -73,6 +73,10 @@ pub(crate) async fn serve(
         config: config.clone(),
         scanner,
         paired: Mutex::default(),
+        security: health.counter_family(
+            "agentloop_security_decisions_total",
+            "The guard's decisions (scanner, pairing), by source and decision.",
+        ),
     });
     // Bounded: past `concurrency` sessions in flight the dispatcher waits, and the messages
     // queued behind a session's own are held by the consumer's `max_ack_pending`, so a slow
@@ -328,6 +332,14 @@ async fn admit(
         .outcome
         .parse()
         .map_err(|e| format!("memory: {e}"))?;
+    if outcome != SenderAccess::Allowed {
+        ctx.security
+            .get_or_create(&vec![
+                ("source", AuditSource::Pairing.as_str().to_owned()),
+                ("decision", outcome.as_str().to_owned()),
+            ])
+            .inc();
+    }
     match pairing::answer(outcome, &checked.code) {
         None => {
             if !ttl.is_zero() {

@@ -233,6 +233,24 @@ impl RunCtx<'_> {
             Ok(text) => (text, false),
             Err(error) => (format!("error: {error}"), true),
         };
+        let metrics = &self.replica.metrics;
+        // Only tools the agent has are labels: a model naming tools cannot grow the series.
+        let tool_label = if tools.get(&call.name).is_some() {
+            call.name.clone()
+        } else {
+            "unknown".to_owned()
+        };
+        metrics
+            .tool_calls
+            .get_or_create(&vec![
+                ("tool", tool_label.clone()),
+                ("outcome", if is_error { "error" } else { "ok" }.to_owned()),
+            ])
+            .inc();
+        metrics
+            .tool_seconds
+            .get_or_create(&vec![("tool", tool_label)])
+            .observe(started.elapsed().as_secs_f64());
         let content = self.screen(&call.name, content).await;
         // Secrets in a result never reach the model, the transcript or an event.
         let content = match agentloop_scanner::redact::redact(&content) {

@@ -38,6 +38,22 @@ use crate::tools::{SentMessage, ToolContext, ToolServices};
 use recovery::AnsweredBy;
 use set_aside::Why;
 
+/// Counts a live run in `agentloop_runner_runs_in_flight` until dropped, however the run ends.
+struct InFlight<'a>(&'a agentloop_lifecycle::Gauge);
+
+impl<'a> InFlight<'a> {
+    fn enter(gauge: &'a agentloop_lifecycle::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// How a run ended.
 struct Outcome {
     status: RunStatus,
@@ -223,6 +239,7 @@ impl RunCtx<'_> {
             .lifecycle(EventPhase::Start, json!({ "model": self.model_name, "attempt": self.run.attempts, "agentId": agent_id(self.command) }))
             .await;
         let abort = self.signals.start_run();
+        let _in_flight = InFlight::enter(&replica.metrics.in_flight);
         let timeout_ms = if self.agent.run_timeout_ms > 0 {
             self.agent.run_timeout_ms
         } else {
@@ -293,6 +310,35 @@ impl RunCtx<'_> {
             "run ended"
         );
         let metrics = &self.replica.metrics;
+        let agent = if self.agent_key.is_empty() {
+            "default"
+        } else {
+            self.agent_key
+        };
+        let labels = vec![
+            ("agent", agent.to_owned()),
+            ("outcome", outcome.status.as_str().to_owned()),
+        ];
+        metrics.runs.get_or_create(&labels).inc();
+        metrics
+            .run_seconds
+            .get_or_create(&labels)
+            .observe(self.started.elapsed().as_secs_f64());
+        if !outcome.model.is_empty() {
+            for (direction, tokens) in [
+                ("input", outcome.usage.input_tokens),
+                ("output", outcome.usage.output_tokens),
+            ] {
+                metrics
+                    .tokens
+                    .get_or_create(&vec![
+                        ("provider", outcome.provider.clone()),
+                        ("model", outcome.model.clone()),
+                        ("direction", direction.to_owned()),
+                    ])
+                    .inc_by(tokens);
+            }
+        }
         if outcome.status == RunStatus::Completed {
             metrics.runs_completed.inc();
         } else {

@@ -127,6 +127,14 @@ impl RunCtx<'_> {
         actor: &str,
         reason: &str,
     ) {
+        self.replica
+            .metrics
+            .security
+            .get_or_create(&vec![
+                ("source", source.as_str().to_owned()),
+                ("decision", decision.to_owned()),
+            ])
+            .inc();
         let record = AuditRecord {
             source: source.as_str().to_owned(),
             decision: decision.to_owned(),
