@@ -7,6 +7,7 @@ mod guard;
 mod knowledge;
 mod send;
 mod trim;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ const USAGE: &str = "usage: agentloop <gateway|router|runner|memory|delivery|all
        agentloop pairing list [--channel NAME] | approve CODE | revoke CHANNEL SENDER
        agentloop approvals list | resolve ID allow-once|allow-always|deny
        agentloop dlq list [--limit N] [--json] | show ID | retry ID [--edit] | purge --yes
+       agentloop events SESSION [--json]   (a session's events as they happen)
+       agentloop replay RUN [--json]       (a finished run's events from the EVENTS stream)
        agentloop audit [--limit N] [--source scanner|guardian|pairing|approval|policy] [--json]
 
 Starts one agentloop service, or every service in one process (all).
@@ -124,6 +127,8 @@ async fn start(command: String) -> anyhow::Result<()> {
         "approvals" => return guard::approvals(&args).await,
         "audit" => return guard::audit(&args).await,
         "dlq" => return dlq::run(&args).await,
+        "events" => return watch::events(&args).await,
+        "replay" => return watch::replay(&args).await,
         "memory"
             if matches!(
                 args.iter()
