@@ -47,6 +47,11 @@ pub enum MemoryError {
     /// Postgres cannot be reached right now; retrying later may succeed.
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// Postgres refused the configured user or password: retrying cannot help.
+    #[error(
+        "the database refused memory's credentials: check the user and password in [memory] database_url (DATABASE_URL)"
+    )]
+    Credentials(#[source] sqlx::Error),
     /// Postgres rejected a statement for a reason retrying will not fix.
     #[error("database error")]
     Database(#[source] sqlx::Error),

@@ -38,6 +38,7 @@ impl From<MemoryError> for Status {
             // reading the caller's logs where to look.
             MemoryError::Unavailable(_) => Status::unavailable(Chain(&err).to_string()),
             MemoryError::Database(_)
+            | MemoryError::Credentials(_)
             | MemoryError::Internal(_)
             | MemoryError::DatabaseUrl(_)
             | MemoryError::Migrate(_)
@@ -124,6 +125,7 @@ impl SessionApi {
                 tracing::debug!(rpc, error = %err, "rpc refused");
             }
             MemoryError::Database(_)
+            | MemoryError::Credentials(_)
             | MemoryError::Internal(_)
             | MemoryError::DatabaseUrl(_)
             | MemoryError::Migrate(_)

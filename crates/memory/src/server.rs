@@ -201,10 +201,13 @@ async fn supervise_database(
     readiness: Readiness,
     stop: CancellationToken,
 ) -> Result<(), MemoryError> {
-    let options = PgConnectOptions::from_str(&config.memory.database_url)
+    let mut options = PgConnectOptions::from_str(&config.memory.database_url)
         .map_err(MemoryError::DatabaseUrl)?
         // Connection chatter (every statement at info) would drown the service's own logs.
         .disable_statement_logging();
+    if plain_on_loopback(&config.memory.database_url, options.get_host()) {
+        options = options.ssl_mode(sqlx::postgres::PgSslMode::Disable);
+    }
     let pool = PgPoolOptions::new()
         .max_connections(config.memory.pool_size())
         .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -260,6 +263,16 @@ async fn supervise_database(
     }
 }
 
+/// Whether to talk to Postgres without TLS although the URL does not say so: a server on this
+/// host (loopback or a Unix socket), where TLS only costs CPU on every call. Anywhere else, or
+/// with `sslmode` in the URL, libpq's rule holds (TLS when the server offers it).
+fn plain_on_loopback(url: &str, host: &str) -> bool {
+    let chose = url
+        .split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|p| p.starts_with("sslmode=")));
+    !chose && (host.starts_with('/') || matches!(host, "127.0.0.1" | "::1" | "[::1]" | "localhost"))
+}
+
 /// Connects with backoff until the database exists and is migrated; `None` when `stop` came
 /// first.
 async fn prepare_database(
@@ -279,6 +292,7 @@ async fn prepare_database(
             Err(MemoryError::Migrate(err)) if !store_error::is_transient_migration(&err) => {
                 return Err(MemoryError::Migrate(err));
             }
+            Err(err @ MemoryError::Credentials(_)) => return Err(err),
             Err(err) => {
                 tracing::warn!(
                     error = %Chain(&err),
@@ -311,7 +325,13 @@ async fn connect_and_migrate(
         }
         connected => connected,
     };
-    let probe = probe.map_err(MemoryError::Unavailable)?;
+    let probe = probe.map_err(|err| {
+        if store_error::is_refused_credentials(&err) {
+            MemoryError::Credentials(err)
+        } else {
+            MemoryError::Unavailable(err)
+        }
+    })?;
     if let Err(err) = probe.close().await {
         tracing::debug!(error = %err, "closing the probe connection failed");
     }
@@ -359,6 +379,22 @@ fn quote_identifier(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_local_server_without_a_chosen_sslmode_is_spoken_to_in_plain() {
+        let local = "postgres://u@127.0.0.1:5432/db";
+        assert!(plain_on_loopback(local, "127.0.0.1"));
+        assert!(plain_on_loopback("postgres://u@localhost/db", "localhost"));
+        assert!(plain_on_loopback("postgres:///db?host=/run/pg", "/run/pg"));
+        assert!(!plain_on_loopback(
+            "postgres://u@127.0.0.1/db?sslmode=require",
+            "127.0.0.1"
+        ));
+        assert!(!plain_on_loopback(
+            "postgres://u@db.internal/db",
+            "db.internal"
+        ));
+    }
 
     #[test]
     fn identifiers_are_quoted_with_inner_quotes_doubled() {

@@ -59,6 +59,12 @@ pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
         })
 }
 
+/// Returns whether Postgres refused the user or password (class 28: invalid authorization),
+/// which no retry fixes.
+pub(crate) fn is_refused_credentials(err: &sqlx::Error) -> bool {
+    sqlstate(err).is_some_and(|code| code.starts_with("28"))
+}
+
 /// Returns whether the database itself is out of reach (unreachable, restarting, out of
 /// connections, dropped), which makes the service not ready, unlike a lost race.
 pub(crate) fn is_outage(err: &sqlx::Error) -> bool {

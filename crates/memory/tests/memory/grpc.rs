@@ -39,7 +39,7 @@ impl Running {
 
     /// Starts memory on a loopback port 0 with `settings` otherwise; `client` speaks plain
     /// HTTP/2 (and only connects at its first call when memory serves TLS).
-    async fn start_with(settings: MemorySettings) -> Running {
+    pub(crate) async fn start_with(settings: MemorySettings) -> Running {
         let tls = !settings.tls_cert_file.is_empty();
         let config = MemoryConfig {
             memory: MemorySettings {
@@ -84,6 +84,11 @@ impl Running {
             self.ready().then_some(())
         })
         .await;
+    }
+
+    /// Waits for memory to stop on its own and returns how it ended.
+    pub(crate) async fn finished(self) -> Result<(), MemoryError> {
+        self.task.await.expect("the serve task does not panic")
     }
 
     /// Cancels, waits for the graceful stop and asserts it succeeded.

@@ -4,6 +4,7 @@
 mod grpc;
 mod inbox_cap;
 mod ownership;
+mod postgres_tls;
 mod store;
 mod vectors;
 
