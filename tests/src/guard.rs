@@ -191,6 +191,30 @@ impl Tool for Deploy {
     }
 }
 
+/// Options for a sandbox whose runner has the deploy tool, agent `main` with `policy` for
+/// `tool` (`deploy` or `*`), and `tweak` applied to the runner's settings.
+fn deploy_options(
+    calls: &Arc<AtomicUsize>,
+    tool: &'static str,
+    tweak: fn(&mut agentloop_agent_runner::RunnerSettings),
+) -> SandboxOptions {
+    SandboxOptions {
+        extensions: Extensions {
+            tools: vec![Arc::new(Deploy {
+                calls: calls.clone(),
+            }) as Arc<dyn Tool>],
+            hooks: Vec::new(),
+        },
+        runner: Some(Box::new(move |config| {
+            tweak(&mut config.runner);
+            let mut agent = agentloop_agent_runner::AgentConfig::default();
+            agent.tool_policy.insert(tool.into(), ToolPolicy::Ask);
+            config.agents.insert("main".into(), agent);
+        })),
+        ..Default::default()
+    }
+}
+
 /// The next event named `name` the client reads (kept or new).
 async fn event(client: &mut Client, name: &str) -> Value {
     loop {
@@ -209,20 +233,7 @@ async fn event(client: &mut Client, name: &str) -> Value {
 async fn an_ask_tool_waits_for_an_operator_runs_once_approved_and_a_denied_call_tells_the_model() {
     // Arrange: the deploy tool needs an operator's approval
     let calls = Arc::new(AtomicUsize::new(0));
-    let options = SandboxOptions {
-        extensions: Extensions {
-            tools: vec![Arc::new(Deploy {
-                calls: calls.clone(),
-            }) as Arc<dyn Tool>],
-            hooks: Vec::new(),
-        },
-        runner: Some(Box::new(|config| {
-            let mut agent = agentloop_agent_runner::AgentConfig::default();
-            agent.tool_policy.insert("deploy".into(), ToolPolicy::Ask);
-            config.agents.insert("main".into(), agent);
-        })),
-        ..Default::default()
-    };
+    let options = deploy_options(&calls, "deploy", |_| {});
     let sandbox = Sandbox::start_with(options).await.unwrap();
     let mut operator = Client::connected(&sandbox, None).await.unwrap();
     let subscribed = operator
@@ -311,21 +322,7 @@ async fn an_ask_tool_waits_for_an_operator_runs_once_approved_and_a_denied_call_
 async fn an_unanswered_approval_expires_and_the_call_is_refused() {
     // Arrange: approvals time out after 1 s
     let calls = Arc::new(AtomicUsize::new(0));
-    let options = SandboxOptions {
-        extensions: Extensions {
-            tools: vec![Arc::new(Deploy {
-                calls: calls.clone(),
-            }) as Arc<dyn Tool>],
-            hooks: Vec::new(),
-        },
-        runner: Some(Box::new(|config| {
-            config.runner.approval_timeout_ms = 1_000;
-            let mut agent = agentloop_agent_runner::AgentConfig::default();
-            agent.tool_policy.insert("*".into(), ToolPolicy::Ask);
-            config.agents.insert("main".into(), agent);
-        })),
-        ..Default::default()
-    };
+    let options = deploy_options(&calls, "*", |runner| runner.approval_timeout_ms = 1_000);
     let sandbox = Sandbox::start_with(options).await.unwrap();
     let mut replies = sandbox.subscribe("deliver.>").await;
 
@@ -357,19 +354,7 @@ async fn a_call_waiting_for_approval_survives_its_runner_stopping_and_runs_once_
     let calls = Arc::new(AtomicUsize::new(0));
     let options = SandboxOptions {
         runners: 2,
-        extensions: Extensions {
-            tools: vec![Arc::new(Deploy {
-                calls: calls.clone(),
-            }) as Arc<dyn Tool>],
-            hooks: Vec::new(),
-        },
-        runner: Some(Box::new(|config| {
-            config.runner.drain_timeout_ms = 300;
-            let mut agent = agentloop_agent_runner::AgentConfig::default();
-            agent.tool_policy.insert("deploy".into(), ToolPolicy::Ask);
-            config.agents.insert("main".into(), agent);
-        })),
-        ..Default::default()
+        ..deploy_options(&calls, "deploy", |runner| runner.drain_timeout_ms = 300)
     };
     let mut sandbox = Sandbox::start_with(options).await.unwrap();
     let mut operator = Client::connected(&sandbox, None).await.unwrap();
