@@ -85,6 +85,10 @@ pub(crate) struct Metrics {
     pub(crate) in_flight: agentloop_lifecycle::Gauge,
     /// Tokens the model read and wrote, by provider, model and direction.
     pub(crate) tokens: agentloop_lifecycle::CounterFamily,
+    /// Model calls' duration, by provider, model and outcome (ok or the error class).
+    pub(crate) model_seconds: agentloop_lifecycle::HistogramFamily,
+    /// Time from a model call's start to its first text or tool call, by provider and model.
+    pub(crate) first_token_seconds: agentloop_lifecycle::HistogramFamily,
     /// Tool calls, by tool and outcome (ok, error).
     pub(crate) tool_calls: agentloop_lifecycle::CounterFamily,
     /// How long tool calls took, by tool.

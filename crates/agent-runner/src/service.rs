@@ -190,6 +190,14 @@ fn metrics(health: &Health) -> Metrics {
             "agentloop_runner_tokens_total",
             "Tokens models read (input) and wrote (output), by provider and model.",
         ),
+        model_seconds: health.histogram_family(
+            "agentloop_runner_model_call_duration_seconds",
+            "Model calls from request to the stream's end, by provider, model and outcome (ok or the error class).",
+        ),
+        first_token_seconds: health.histogram_family(
+            "agentloop_runner_model_first_token_seconds",
+            "Time from a model call's start to its first text or tool call, by provider and model.",
+        ),
         tool_calls: health.counter_family(
             "agentloop_runner_tool_calls_total",
             "Tool calls, by tool and outcome (ok, error).",

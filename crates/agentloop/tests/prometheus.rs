@@ -124,6 +124,19 @@ async fn a_real_prometheus_scrapes_agentloop_all_and_promql_finds_the_run() {
     )
     .await;
     assert!(p99 > 0.0 && p99 < 5.0, "run p99 {p99}");
+    let (labels, calls) = first_value(
+        &web,
+        "sum by (provider, outcome) (agentloop_runner_model_call_duration_seconds_count)",
+    )
+    .await;
+    assert_eq!(calls, 1.0);
+    assert_eq!(labels["outcome"], "ok", "{labels}");
+    let (_, first) = first_value(
+        &web,
+        "sum(agentloop_runner_model_first_token_seconds_count)",
+    )
+    .await;
+    assert_eq!(first, 1.0);
     let (_, rss) = first_value(&web, "process_resident_memory_bytes").await;
     assert!(rss > 1_000_000.0, "rss {rss}");
     let (_, ready) = first_value(&web, "agentloop_ready").await;

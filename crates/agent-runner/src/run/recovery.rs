@@ -258,6 +258,54 @@ impl RunCtx<'_> {
         usage: &mut Usage,
     ) -> Result<Answer, ModelError> {
         let _permit = self.replica.model_slots.acquire().await;
+        let started = std::time::Instant::now();
+        let mut first_token: Option<std::time::Duration> = None;
+        let result = self
+            .stream_call(request, usage, started, &mut first_token)
+            .await;
+        self.model_metrics(request, started, first_token, &result);
+        result
+    }
+
+    /// Counts a model call: its duration, its time to the first token and its error class.
+    fn model_metrics(
+        &self,
+        request: &ChatRequest,
+        started: std::time::Instant,
+        first_token: Option<std::time::Duration>,
+        result: &Result<Answer, ModelError>,
+    ) {
+        let metrics = &self.replica.metrics;
+        let provider = request.model.provider.as_str().to_owned();
+        let model = request.model.model.clone();
+        let outcome = match result {
+            Ok(_) => "ok".to_owned(),
+            Err(err) => format!("{:?}", err.kind()).to_lowercase(),
+        };
+        metrics
+            .model_seconds
+            .get_or_create(&vec![
+                ("provider", provider.clone()),
+                ("model", model.clone()),
+                ("outcome", outcome),
+            ])
+            .observe(started.elapsed().as_secs_f64());
+        if let Some(first) = first_token {
+            metrics
+                .first_token_seconds
+                .get_or_create(&vec![("provider", provider), ("model", model)])
+                .observe(first.as_secs_f64());
+        }
+    }
+
+    /// The streamed call itself; `first_token` is set when the first text or tool call arrives.
+    async fn stream_call(
+        &self,
+        request: &ChatRequest,
+        usage: &mut Usage,
+        started: std::time::Instant,
+        first_token: &mut Option<std::time::Duration>,
+    ) -> Result<Answer, ModelError> {
         let mut stream = self.replica.models.stream(request).await?;
         let mut text = String::new();
         let mut calls = Vec::new();
@@ -277,6 +325,9 @@ impl RunCtx<'_> {
                     None => break,
                 },
             };
+            if first_token.is_none() && !matches!(event, StreamEvent::Done { .. }) {
+                *first_token = Some(started.elapsed());
+            }
             match event {
                 StreamEvent::TextDelta(mut delta) => {
                     // Pieces that have already arrived go out as one event: a burst costs one
