@@ -39,7 +39,7 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
         sandbox.client.request_with_headers(
             sandbox.subject("ask"),
             headers,
-            json!({"sessionKey": "traced", "text": "follow me"})
+            json!({"sessionKey": "traced", "text": "follow me [[tool:current_time]]"})
                 .to_string()
                 .into(),
         ),
@@ -48,9 +48,26 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
     .unwrap()
     .unwrap();
     let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
-    assert_eq!(answer["text"], "echo: follow me");
+    assert!(
+        answer["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("tool results: "),
+        "{answer}"
+    );
 
-    let wanted: BTreeSet<&str> = ["ask", "route", "intake", "run", "deliver", "grpc"].into();
+    // Every service, and inside the run each model call and the tool call.
+    let wanted: BTreeSet<&str> = [
+        "ask",
+        "route",
+        "intake",
+        "run",
+        "deliver",
+        "grpc",
+        "model_call",
+        "tool_call",
+    ]
+    .into();
     let seen =
         agentloop_testkit::wait_until("spans of every service", Duration::from_secs(10), || {
             let spans = exporter.get_finished_spans().unwrap_or_default();
@@ -65,5 +82,22 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
         .await
         .unwrap();
     assert!(seen.contains("run"), "{seen:?}");
+    let spans = exporter.get_finished_spans().unwrap_or_default();
+    let attribute = |span: &opentelemetry_sdk::trace::SpanData, key: &str| {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    };
+    let models: Vec<_> = spans.iter().filter(|s| s.name == "model_call").collect();
+    assert_eq!(models.len(), 2, "one call for the tool, one for the answer");
+    for model in &models {
+        assert_eq!(attribute(model, "outcome").as_deref(), Some("ok"));
+        assert_eq!(attribute(model, "provider").as_deref(), Some("openai"));
+        assert!(attribute(model, "first_token_ms").is_some());
+    }
+    let tool = spans.iter().find(|s| s.name == "tool_call").unwrap();
+    assert_eq!(attribute(tool, "tool").as_deref(), Some("current_time"));
+    assert_eq!(attribute(tool, "outcome").as_deref(), Some("ok"));
     sandbox.shutdown().await.unwrap();
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use serde_json::json;
+use tracing::Instrument as _;
 
 use agentloop_model::ToolCall;
 use agentloop_proto::v1::RunCommand;
@@ -189,8 +190,24 @@ impl RunCtx<'_> {
         .await
     }
 
-    /// Runs one tool call through the hooks, with its timeout; failures become error results.
+    /// Runs one tool call in its own span (tool, call id, outcome), inside the run's trace.
     async fn call_tool(&self, tools: &ToolSet, call: ToolCall) -> ToolOutcome {
+        let span = tracing::info_span!(
+            "tool_call",
+            tool = %call.name,
+            tool_call_id = %call.id,
+            outcome = tracing::field::Empty,
+        );
+        let outcome = self
+            .call_tool_inner(tools, call)
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", if outcome.is_error { "error" } else { "ok" });
+        outcome
+    }
+
+    /// Runs one tool call through the hooks, with its timeout; failures become error results.
+    async fn call_tool_inner(&self, tools: &ToolSet, call: ToolCall) -> ToolOutcome {
         let started = Instant::now();
         self.tool_calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 
 use serde_json::json;
+use tracing::Instrument as _;
 
 use agentloop_model::{
     ChatMessage, ChatRequest, Credential, ErrorKind, ModelError, ModelRef, StreamEvent, ToolCall,
@@ -260,9 +261,32 @@ impl RunCtx<'_> {
         let _permit = self.replica.model_slots.acquire().await;
         let started = std::time::Instant::now();
         let mut first_token: Option<std::time::Duration> = None;
+        let span = tracing::info_span!(
+            "model_call",
+            provider = request.model.provider.as_str(),
+            model = %request.model.model,
+            outcome = tracing::field::Empty,
+            first_token_ms = tracing::field::Empty,
+            input_tokens = tracing::field::Empty,
+            output_tokens = tracing::field::Empty,
+        );
+        let before = (usage.input_tokens, usage.output_tokens);
         let result = self
             .stream_call(request, usage, started, &mut first_token)
+            .instrument(span.clone())
             .await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(_) => "ok".to_owned(),
+                Err(err) => format!("{:?}", err.kind()).to_lowercase(),
+            },
+        );
+        if let Some(first) = first_token {
+            span.record("first_token_ms", first.as_millis() as u64);
+        }
+        span.record("input_tokens", usage.input_tokens - before.0);
+        span.record("output_tokens", usage.output_tokens - before.1);
         self.model_metrics(request, started, first_token, &result);
         result
     }
