@@ -101,3 +101,75 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
     assert_eq!(attribute(tool, "outcome").as_deref(), Some("ok"));
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_http_request_joins_its_callers_trace_and_each_websocket_request_has_its_own() {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("e2e")))
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .try_init()
+        .unwrap();
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut client = crate::gateway::Client::connected(&sandbox, None)
+        .await
+        .unwrap();
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+
+    // Act: a /v1 request carrying the caller's traceparent, then two WebSocket requests
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(format!(
+            "http://{}/v1/chat/completions",
+            sandbox.gateway_addr
+        ))
+        .header("traceparent", format!("00-{trace_id}-b7ad6b7169203331-01"))
+        .json(&json!({"model": "agentloop", "user": "oa:tracer",
+                      "messages": [{"role": "user", "content": "trace me"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["choices"][0]["message"]["content"], "echo: trace me");
+    for _ in 0..2 {
+        assert_eq!(client.call("health", json!({})).await.unwrap()["ok"], true);
+    }
+
+    // Assert: the gateway's request span and the run are in the caller's trace
+    let names = agentloop_testkit::wait_until("the /v1 trace", Duration::from_secs(10), || {
+        let names: BTreeSet<String> = exporter
+            .get_finished_spans()
+            .unwrap_or_default()
+            .iter()
+            .filter(|s| s.span_context.trace_id().to_string() == trace_id)
+            .map(|s| s.name.to_string())
+            .collect();
+        let done = ["http_request", "route", "run", "model_call"]
+            .iter()
+            .all(|w| names.contains(*w));
+        async move { done.then_some(names) }
+    })
+    .await
+    .unwrap();
+    assert!(names.contains("http_request"), "{names:?}");
+    let spans = exporter.get_finished_spans().unwrap_or_default();
+    let health: BTreeSet<String> = spans
+        .iter()
+        .filter(|s| s.name == "ws_request")
+        .filter(|s| {
+            s.attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == "method" && kv.value.to_string() == "health")
+        })
+        .map(|s| s.span_context.trace_id().to_string())
+        .collect();
+    assert_eq!(health.len(), 2, "two requests, two traces");
+    sandbox.shutdown().await.unwrap();
+}

@@ -15,6 +15,7 @@ use axum::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 use crate::RequestError;
 use crate::dispatch::{self, EndStatus, Finished, Submission};
@@ -152,10 +153,17 @@ pub(crate) async fn completions(
     headers: HeaderMap,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    match complete(state, peer, headers, body).await {
+    // Its own trace, or the caller's when it sends `traceparent`: the run it starts joins it.
+    let span = agentloop_telemetry::http_server_span("POST", "/v1/chat/completions", &headers);
+    let response = match complete(state, peer, headers, body)
+        .instrument(span.clone())
+        .await
+    {
         Ok(response) => response,
         Err(error) => error.into_response(),
-    }
+    };
+    span.record("status", response.status().as_u16());
+    response
 }
 
 async fn complete(

@@ -202,12 +202,19 @@ async fn connection(
                 params,
             } => {
                 let (state, out_tx, closed) = (state.clone(), out_tx.clone(), closed.clone());
+                // One trace per request, not one per connection: a connection lives for hours.
+                let span = tracing::info_span!(
+                    parent: None,
+                    "ws_request",
+                    method = %method,
+                    conn_id = %conn.conn_id
+                );
                 in_flight.spawn(
                     async move {
                         methods::call(&state, &principal, id, &method, params, out_tx, closed)
                             .await;
                     }
-                    .in_current_span(),
+                    .instrument(span),
                 );
             }
         }

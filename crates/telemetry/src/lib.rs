@@ -12,8 +12,8 @@ pub use log_format::{LogFormat, UnknownLogFormat};
 
 pub use propagation::{
     ChannelError, ChannelTls, GrpcTraceInjector, TracedChannel, grpc_incoming, grpc_server_span,
-    inject_grpc, inject_map, inject_nats, set_parent_from_map, set_parent_from_nats,
-    traced_channel, traced_channel_tls,
+    http_server_span, inject_grpc, inject_map, inject_nats, set_parent_from_map,
+    set_parent_from_nats, traced_channel, traced_channel_tls,
 };
 
 use opentelemetry::trace::TracerProvider as _;

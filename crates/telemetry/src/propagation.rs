@@ -357,6 +357,21 @@ pub fn grpc_server_span(request: &tonic::codegen::http::Request<()>) -> tracing:
     span
 }
 
+/// Returns the span of one incoming HTTP request, a child of the caller's `traceparent` when it
+/// sends one (a root otherwise).
+pub fn http_server_span(
+    method: &str,
+    path: &str,
+    headers: &tonic::codegen::http::HeaderMap,
+) -> tracing::Span {
+    let span = tracing::info_span!(parent: None, "http_request", method, path, status = tracing::field::Empty);
+    if headers.contains_key("traceparent") {
+        let cx = global::get_text_map_propagator(|p| p.extract(&HttpExtractor(headers)));
+        let _ = span.set_parent(cx);
+    }
+    span
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
