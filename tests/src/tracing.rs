@@ -96,6 +96,16 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
         assert_eq!(attribute(model, "provider").as_deref(), Some("openai"));
         assert!(attribute(model, "first_token_ms").is_some());
     }
+    // The run's span names its trace, so every log line of the run does.
+    let run = spans
+        .iter()
+        .find(|s| s.name == "run" && s.span_context.trace_id().to_string() == trace_id)
+        .unwrap();
+    assert_eq!(attribute(run, "trace_id").as_deref(), Some(trace_id));
+    assert_eq!(
+        attribute(run, "span_id"),
+        Some(run.span_context.span_id().to_string())
+    );
     let tool = spans.iter().find(|s| s.name == "tool_call").unwrap();
     assert_eq!(attribute(tool, "tool").as_deref(), Some("current_time"));
     assert_eq!(attribute(tool, "outcome").as_deref(), Some("ok"));

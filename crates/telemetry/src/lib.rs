@@ -12,7 +12,7 @@ pub use log_format::{LogFormat, UnknownLogFormat};
 
 pub use propagation::{
     ChannelError, ChannelTls, GrpcTraceInjector, TracedChannel, grpc_incoming, grpc_server_span,
-    http_server_span, inject_grpc, inject_map, inject_nats, set_parent_from_map,
+    http_server_span, inject_grpc, inject_map, inject_nats, record_trace_ids, set_parent_from_map,
     set_parent_from_nats, traced_channel, traced_channel_tls,
 };
 

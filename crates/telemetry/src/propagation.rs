@@ -357,6 +357,19 @@ pub fn grpc_server_span(request: &tonic::codegen::http::Request<()>) -> tracing:
     span
 }
 
+/// Writes the OpenTelemetry trace and span ids of `span` into its `trace_id` and `span_id`
+/// fields, so every log line inside it names the trace to look up. Nothing when no trace is
+/// exported (no OTLP endpoint): the ids would lead nowhere.
+pub fn record_trace_ids(span: &tracing::Span) {
+    let cx = span.context();
+    let otel = opentelemetry::trace::TraceContextExt::span(&cx);
+    let ids = otel.span_context();
+    if ids.is_valid() {
+        span.record("trace_id", ids.trace_id().to_string());
+        span.record("span_id", ids.span_id().to_string());
+    }
+}
+
 /// Returns the span of one incoming HTTP request, a child of the caller's `traceparent` when it
 /// sends one (a root otherwise).
 pub fn http_server_span(

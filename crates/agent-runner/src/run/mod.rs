@@ -171,8 +171,9 @@ pub(crate) async fn execute(
     } else {
         command.model.clone()
     };
-    let span = tracing::info_span!("run", run_id = %run.id, session_key = %command.session_key, attempt = run.attempts);
+    let span = tracing::info_span!("run", run_id = %run.id, session_key = %command.session_key, attempt = run.attempts, trace_id = tracing::field::Empty, span_id = tracing::field::Empty);
     agentloop_telemetry::set_parent_from_map(&span, &command.metadata);
+    agentloop_telemetry::record_trace_ids(&span);
     let ctx = RunCtx {
         replica,
         session_id: owner.session_id,
