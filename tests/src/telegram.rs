@@ -13,8 +13,8 @@ use agentloop_fake_model::ScriptedReply;
 
 use crate::harness::{Sandbox, SandboxOptions};
 
-const TOKEN: &str = "123456:fake-bot-token";
-const SECRET: &str = "webhook-secret-1";
+pub(crate) const TOKEN: &str = "123456:fake-bot-token";
+pub(crate) const SECRET: &str = "webhook-secret-1";
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn stack() -> (Sandbox, FakeTelegram) {
@@ -36,7 +36,7 @@ async fn stack() -> (Sandbox, FakeTelegram) {
     (sandbox, telegram)
 }
 
-fn update(update_id: i64, message_id: i64, chat: i64, text: &str) -> Value {
+pub(crate) fn update(update_id: i64, message_id: i64, chat: i64, text: &str) -> Value {
     json!({
         "update_id": update_id,
         "message": {
@@ -49,7 +49,11 @@ fn update(update_id: i64, message_id: i64, chat: i64, text: &str) -> Value {
     })
 }
 
-async fn post(sandbox: &Sandbox, body: &str, secret: Option<&str>) -> reqwest::StatusCode {
+pub(crate) async fn post(
+    sandbox: &Sandbox,
+    body: &str,
+    secret: Option<&str>,
+) -> reqwest::StatusCode {
     let mut request = reqwest::Client::new()
         .post(format!("http://{}/channels/telegram", sandbox.gateway_addr))
         .header("content-type", "application/json")
@@ -60,7 +64,7 @@ async fn post(sandbox: &Sandbox, body: &str, secret: Option<&str>) -> reqwest::S
     request.send().await.unwrap().status()
 }
 
-async fn delivered(telegram: &FakeTelegram, n: usize) -> Vec<String> {
+pub(crate) async fn delivered(telegram: &FakeTelegram, n: usize) -> Vec<String> {
     agentloop_testkit::wait_until("telegram replies posted", WAIT, || async {
         let texts = telegram.delivered_texts();
         (texts.len() >= n).then_some(texts)

@@ -11,9 +11,9 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::harness::Sandbox;
 
-#[tokio::test]
-async fn one_trace_spans_every_service_a_message_passes_through() {
-    // Each test runs in its own process under nextest, so the global subscriber is this test's.
+/// Installs this process's subscriber with an in-memory span exporter and returns the exporter.
+/// Each test runs in its own process under nextest, so the global subscriber is this test's.
+fn export_spans() -> InMemorySpanExporter {
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
@@ -26,6 +26,12 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
         .with(tracing_subscriber::EnvFilter::new("info"))
         .try_init()
         .unwrap();
+    exporter
+}
+
+#[tokio::test]
+async fn one_trace_spans_every_service_a_message_passes_through() {
+    let exporter = export_spans();
     let sandbox = Sandbox::start().await.unwrap();
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let mut headers = async_nats::HeaderMap::new();
@@ -114,18 +120,7 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
 
 #[tokio::test]
 async fn an_http_request_joins_its_callers_trace_and_each_websocket_request_has_its_own() {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    opentelemetry::global::set_text_map_propagator(
-        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
-    );
-    tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("e2e")))
-        .with(tracing_subscriber::EnvFilter::new("info"))
-        .try_init()
-        .unwrap();
+    let exporter = export_spans();
     let sandbox = Sandbox::start().await.unwrap();
     let mut client = crate::gateway::Client::connected(&sandbox, None)
         .await

@@ -72,9 +72,7 @@ pub(crate) async fn chat_history(
 /// OpenClaw's (`timestamp`, and a user entry's `idempotencyKey` as `<key>:user`, by which a
 /// client recognises the message it sent).
 fn row(entry: Entry) -> Value {
-    let ts = entry
-        .created_at
-        .map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000));
+    let ts = entry.created_at.as_ref().map(crate::status::timestamp_ms);
     let mut row = json!({"seq": entry.seq, "role": entry.role, "content": entry.content,
         "runId": entry.run_id, "toolName": entry.tool_name, "toolCallId": entry.tool_call_id,
         "ts": ts, "timestamp": ts});

@@ -41,10 +41,7 @@ pub(crate) async fn subscribe(
 
 /// An inbox event as clients read it.
 fn payload(event: &InboxEvent) -> Value {
-    let ts = event
-        .ts
-        .as_ref()
-        .map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000));
+    let ts = event.ts.as_ref().map_or(0, crate::status::timestamp_ms);
     json!({
         "direction": event.direction,
         "channel": event.channel,

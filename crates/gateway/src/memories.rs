@@ -48,7 +48,7 @@ fn scope(who: &Principal, params: &MemoryParams) -> Result<MemoryScope, RequestE
 
 fn record(m: agentloop_proto::v1::MemoryRecord) -> Value {
     json!({"id": m.id, "text": m.text, "source": m.source, "agentId": m.agent_id,
-           "updatedAt": m.updated_at.map(|t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))})
+           "updatedAt": m.updated_at.as_ref().map(crate::status::timestamp_ms)})
 }
 
 /// `memory.list {agentId?, shared?, limit?}`

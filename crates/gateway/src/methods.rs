@@ -382,8 +382,7 @@ pub(crate) fn event_payload(run_handle: &str, event: &SystemEvent) -> Value {
     }
     payload.insert("data".into(), data);
     if let Some(ts) = &event.ts {
-        let ms = ts.seconds * 1000 + i64::from(ts.nanos / 1_000_000);
-        payload.insert("ts".into(), json!(ms));
+        payload.insert("ts".into(), json!(status::timestamp_ms(ts)));
     }
     Value::Object(payload)
 }

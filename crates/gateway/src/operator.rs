@@ -23,7 +23,7 @@ use crate::principal::Principal;
 use crate::state::AppState;
 
 fn millis(t: Option<&pbjson_types::Timestamp>) -> i64 {
-    t.map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000))
+    t.map_or(0, crate::status::timestamp_ms)
 }
 
 /// Who an answer is recorded as: the connection's principal, or the local operator.

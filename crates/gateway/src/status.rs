@@ -12,6 +12,11 @@ use crate::state::AppState;
 pub(crate) const MAIN_KEY: &str = "main";
 
 /// Milliseconds since the Unix epoch.
+/// A wire timestamp in milliseconds since the epoch, as clients read times.
+pub(crate) fn timestamp_ms(t: &pbjson_types::Timestamp) -> i64 {
+    t.seconds * 1000 + i64::from(t.nanos / 1_000_000)
+}
+
 pub(crate) fn millis_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

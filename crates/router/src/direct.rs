@@ -9,14 +9,19 @@ use agentloop_scanner::Scan;
 use crate::ctx::Ctx;
 use crate::screen::{scan_record, security_event};
 
-/// Appends `record` to the security audit (memory dedupes a redelivered message's record).
-pub(crate) async fn audit(ctx: &Ctx, record: AuditRecord) -> Result<(), String> {
+/// Counts one of the guard's decisions in `agentloop_security_decisions_total`.
+pub(crate) fn count(ctx: &Ctx, source: &str, decision: &str) {
     ctx.security
         .get_or_create(&vec![
-            ("source", record.source.clone()),
-            ("decision", record.decision.clone()),
+            ("source", source.to_owned()),
+            ("decision", decision.to_owned()),
         ])
         .inc();
+}
+
+/// Appends `record` to the security audit (memory dedupes a redelivered message's record).
+pub(crate) async fn audit(ctx: &Ctx, record: AuditRecord) -> Result<(), String> {
+    count(ctx, &record.source, &record.decision);
     ctx.sessions
         .clone()
         .record_audit(record)

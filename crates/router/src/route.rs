@@ -333,12 +333,7 @@ async fn admit(
         .parse()
         .map_err(|e| format!("memory: {e}"))?;
     if outcome != SenderAccess::Allowed {
-        ctx.security
-            .get_or_create(&vec![
-                ("source", AuditSource::Pairing.as_str().to_owned()),
-                ("decision", outcome.as_str().to_owned()),
-            ])
-            .inc();
+        direct::count(ctx, AuditSource::Pairing.as_str(), outcome.as_str());
     }
     match pairing::answer(outcome, &checked.code) {
         None => {
