@@ -72,6 +72,7 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
         "grpc",
         "model_call",
         "tool_call",
+        "memory_call",
     ]
     .into();
     let seen =
@@ -111,6 +112,18 @@ async fn one_trace_spans_every_service_a_message_passes_through() {
     assert_eq!(
         attribute(run, "span_id"),
         Some(run.span_context.span_id().to_string())
+    );
+    // The runner's memory calls are in the trace: the claim (which takes the input and reads
+    // the history in the same call) under the intake, the run's end under the run.
+    let rpcs: BTreeSet<String> = spans
+        .iter()
+        .filter(|s| s.name == "memory_call" && s.span_context.trace_id().to_string() == trace_id)
+        .filter_map(|s| attribute(s, "rpc"))
+        .collect();
+    assert!(rpcs.contains("enqueue"), "{rpcs:?}");
+    assert!(
+        rpcs.contains("finish_run") || rpcs.contains("append"),
+        "{rpcs:?}"
     );
     let tool = spans.iter().find(|s| s.name == "tool_call").unwrap();
     assert_eq!(attribute(tool, "tool").as_deref(), Some("current_time"));

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 
+use agentloop_bus::DeadReason;
+
 use agentloop_proto::v1::{
     ClaimSessionRequest, ControlMessage, EnqueueRequest, InboxRow, RunCommand, TakeNextResponse,
 };
@@ -60,7 +62,10 @@ pub(crate) async fn take_in(replica: &Arc<Replica>, msg: jetstream::Message, com
             response
         }
         Err(MemoryCallError::Refused(reason)) => {
-            replica.dead_letters.reject(&msg, &reason).await;
+            replica
+                .dead_letters
+                .reject(&msg, DeadReason::Refused, &reason)
+                .await;
             return;
         }
         Err(err) => {

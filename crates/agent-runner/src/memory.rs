@@ -27,6 +27,7 @@ use crate::error::MemoryCallError;
 use agentloop_lifecycle::retry;
 
 use crate::backoff;
+use tracing::Instrument as _;
 
 type Grpc = SessionServiceClient<TracedChannel>;
 
@@ -150,6 +151,9 @@ impl MemoryClient {
         Req: Clone,
     {
         let rpc = &rpc;
+        // A span per call, retries inside it: the claim, the history read and the run's
+        // writes show in the trace of whatever asked for them (the intake, the run).
+        let span = tracing::info_span!("memory_call", rpc = what);
         retry(what, backoff::MEMORY, MemoryCallError::is_transient, || {
             let mut grpc = self.grpc.clone();
             let request = request.clone();
@@ -160,6 +164,7 @@ impl MemoryClient {
                     .map_err(MemoryCallError::from)
             }
         })
+        .instrument(span)
         .await
     }
 

@@ -4,6 +4,8 @@
 //! input again.
 
 use async_nats::jetstream;
+
+use agentloop_bus::DeadReason;
 use serde_json::json;
 
 use agentloop_proto::v1::{OutboundMessage, RunCommand};
@@ -99,7 +101,11 @@ pub(crate) async fn refuse(
     }
     replica
         .dead_letters
-        .reject(&msg, &dead_letter_reason(&command.session_id, cap))
+        .reject(
+            &msg,
+            DeadReason::QueueFull,
+            &dead_letter_reason(&command.session_id, cap),
+        )
         .await;
 }
 

@@ -95,6 +95,11 @@ pub(crate) struct Metrics {
     pub(crate) tool_seconds: agentloop_lifecycle::HistogramFamily,
     /// The guard's decisions, by source and decision.
     pub(crate) security: agentloop_lifecycle::CounterFamily,
+    /// Time from the gateway or router taking a message in to its run's start, by agent.
+    pub(crate) queue_wait_seconds: agentloop_lifecycle::HistogramFamily,
+    /// Runs started again after an earlier attempt did not finish (a takeover from a dead
+    /// or paused owner, or this replica's own restart), by agent.
+    pub(crate) resumed: agentloop_lifecycle::CounterFamily,
 }
 
 /// The parts of a replica made before it (connections, counters, extensions).

@@ -8,7 +8,7 @@ use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
+use agentloop_bus::{Bus, DeadLetters, DeadReason, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::Health;
 use agentloop_model::ModelClient;
 use agentloop_proto::v1::RunCommand;
@@ -109,17 +109,21 @@ pub(crate) async fn serve(
         let command = match agentloop_bus::decode::<RunCommand>(&msg) {
             Ok((command, _)) if command.session_id.is_empty() => {
                 dead_letters
-                    .reject(&msg, "run command has no session_id")
+                    .reject(&msg, DeadReason::Invalid, "run command has no session_id")
                     .await;
                 continue;
             }
             Ok((command, _)) if let Err(refusal) = admission.check(&command) => {
-                dead_letters.reject(&msg, &refusal.to_string()).await;
+                dead_letters
+                    .reject(&msg, DeadReason::Refused, &refusal.to_string())
+                    .await;
                 continue;
             }
             Ok((command, _)) => command,
             Err(err) => {
-                dead_letters.reject(&msg, &error_chain(&err)).await;
+                dead_letters
+                    .reject(&msg, DeadReason::Invalid, &error_chain(&err))
+                    .await;
                 continue;
             }
         };
@@ -209,6 +213,14 @@ fn metrics(health: &Health) -> Metrics {
         security: health.counter_family(
             "agentloop_security_decisions_total",
             "The guard's decisions (scanner, guardian, approval, policy), by source and decision.",
+        ),
+        queue_wait_seconds: health.histogram_family(
+            "agentloop_runner_queue_wait_seconds",
+            "Time from a message's arrival (gateway or router) to the start of its run, by agent; first attempts only.",
+        ),
+        resumed: health.counter_family(
+            "agentloop_runner_runs_resumed_total",
+            "Runs started again after an earlier attempt did not finish (a lease taken over from a dead or paused owner), by agent.",
         ),
     }
 }

@@ -232,7 +232,11 @@ async fn a_real_prometheus_scrapes_agentloop_all_and_promql_finds_the_run() {
     // Arrange: agentloop all, one message answered
     let nats = NatsServer::start().unwrap();
     let db = TestDatabase::create().await.unwrap();
-    let agentloop = start_all(&nats, &db, &[]).await;
+    let fast_gauges = [
+        ("AGENTLOOP_ROUTER__DEPTH_INTERVAL_MS", "300".to_owned()),
+        ("AGENTLOOP_MEMORY__GAUGES_INTERVAL_MS", "300".to_owned()),
+    ];
+    let agentloop = start_all(&nats, &db, &fast_gauges).await;
     let gateway = agentloop.gateway.clone();
     let reply = send_like_nats_pub(&nats, "prom", "count me").await;
     assert_eq!(reply["text"], "echo: count me", "{reply}");
@@ -292,6 +296,30 @@ async fn a_real_prometheus_scrapes_agentloop_all_and_promql_finds_the_run() {
     assert!(rss > 1_000_000.0, "rss {rss}");
     let (_, ready) = first_value(&web, "agentloop_ready").await;
     assert_eq!(ready, 1.0);
+    // The message's way through: taken in on its channel, waited, delivered once.
+    let (labels, taken_in) = first_value(&web, "agentloop_messages_in_total").await;
+    assert_eq!((labels["channel"].as_str(), taken_in), (Some("cli"), 1.0));
+    let (_, waited) = first_value(&web, "agentloop_runner_queue_wait_seconds_count").await;
+    assert_eq!(waited, 1.0);
+    let (_, delivered) = first_value(
+        &web,
+        "sum(agentloop_delivery_attempts_total{outcome=\"delivered\"})",
+    )
+    .await;
+    assert_eq!(delivered, 1.0);
+    // The gauges read from NATS and Postgres: nothing waits once the run is answered.
+    let (_, backlog) = first_value(
+        &web,
+        "agentloop_consumer_pending{stream=\"AGENTLOOP_RUNS\",consumer=\"runner\"}",
+    )
+    .await;
+    assert_eq!(backlog, 0.0);
+    let (_, dead) = first_value(&web, "agentloop_stream_messages{stream=\"AGENTLOOP_DLQ\"}").await;
+    assert_eq!(dead, 0.0);
+    let (_, stuck) = first_value(&web, "agentloop_sessions_stuck").await;
+    assert_eq!(stuck, 0.0);
+    let (_, queued) = first_value(&web, "sum(agentloop_inbox_pending)").await;
+    assert_eq!(queued, 0.0, "the answered input is consumed");
 
     // Every query of the shipped dashboard is valid PromQL for this Prometheus.
     let dashboard: serde_json::Value = serde_json::from_str(

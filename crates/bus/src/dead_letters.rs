@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 
-use agentloop_lifecycle::{Backoff, Counter, Health};
+use agentloop_lifecycle::{Backoff, CounterFamily, Health};
 
 use crate::{Bus, BusError, error_chain};
 
@@ -39,21 +39,47 @@ impl Bus {
     }
 }
 
+/// Why a message became a dead letter, as a class an operator can alert on; the reason text
+/// kept with the dead letter says the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadReason {
+    /// The message cannot be read or breaks the contract (bad encoding, missing fields).
+    Invalid,
+    /// The message was read but refused for good (a policy, a permanent downstream error).
+    Refused,
+    /// A failure that could have passed lasted through every delivery (`bus.max_deliver`).
+    Exhausted,
+    /// The session's queue was full.
+    QueueFull,
+}
+
+impl DeadReason {
+    /// The label value in `agentloop_dead_letters_total{reason=...}`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Invalid => "invalid",
+            Self::Refused => "refused",
+            Self::Exhausted => "exhausted",
+            Self::QueueFull => "queue_full",
+        }
+    }
+}
+
 /// A service's dead letters: each one stored with its reason, acknowledged, and counted in
-/// `agentloop_<service>_dead_letters_total`. Cheap to clone.
+/// `agentloop_dead_letters_total{service,reason}`. Cheap to clone.
 #[derive(Clone)]
 pub struct DeadLetters {
     bus: Bus,
     service: &'static str,
-    stored: Counter,
+    stored: CounterFamily,
 }
 
 impl DeadLetters {
     /// Returns the dead letters of `service`, counted in `health`.
     pub fn new(bus: Bus, service: &'static str, health: &Health) -> Self {
-        let stored = health.counter(
-            &format!("agentloop_{service}_dead_letters_total"),
-            "Messages this service could not process, kept as dead letters.",
+        let stored = health.counter_family(
+            "agentloop_dead_letters_total",
+            "Messages kept as dead letters, by the service that gave up on them and the reason class (invalid, refused, exhausted, queue_full).",
         );
         Self {
             bus,
@@ -62,17 +88,23 @@ impl DeadLetters {
         }
     }
 
-    /// Dead-letters `msg` with `reason` and acknowledges it. When the dead letter cannot be
-    /// stored, the message is handed back (redelivered after a second) rather than dropped.
-    pub async fn reject(&self, msg: &jetstream::Message, reason: &str) {
+    /// Dead-letters `msg` with `reason` (of class `class`) and acknowledges it. When the dead
+    /// letter cannot be stored, the message is handed back (redelivered after a second) rather
+    /// than dropped.
+    pub async fn reject(&self, msg: &jetstream::Message, class: DeadReason, reason: &str) {
         match self
             .bus
             .dead_letter_message(self.service, &msg.message, reason)
             .await
         {
             Ok(()) => {
-                self.stored.inc();
-                tracing::warn!(reason, subject = %msg.subject, "dropped to dlq");
+                self.stored
+                    .get_or_create(&vec![
+                        ("service", self.service.to_owned()),
+                        ("reason", class.as_str().to_owned()),
+                    ])
+                    .inc();
+                tracing::warn!(reason, class = class.as_str(), subject = %msg.subject, "dropped to dlq");
                 let _ = msg.ack().await;
             }
             Err(err) => {
@@ -100,7 +132,7 @@ impl DeadLetters {
             }
             None => {
                 let reason = format!("gave up after {delivered} deliveries: {reason}");
-                self.reject(msg, &reason).await;
+                self.reject(msg, DeadReason::Exhausted, &reason).await;
             }
         }
     }

@@ -7,6 +7,7 @@ mod acks;
 mod config;
 mod consume;
 mod dead_letters;
+mod depth;
 mod dlq;
 mod error;
 mod in_order;
@@ -16,12 +17,13 @@ mod subjects;
 pub use acks::Acks;
 pub use config::{BusConfig, redact_url};
 pub use consume::Deliveries;
-pub use dead_letters::DeadLetters;
+pub use dead_letters::{DeadLetters, DeadReason};
+pub use depth::report_depths;
 pub use dlq::{DeadLetter, HEADER_RETRY_OF};
 pub use error::BusError;
 pub use in_order::InOrder;
 pub use publish::Stored;
-pub use subjects::{StreamKind, Subjects, stream_name};
+pub use subjects::{StreamKind, Subjects, channel_label, stream_name};
 
 use std::time::Duration;
 

@@ -195,9 +195,28 @@ fn token(raw: &str) -> String {
     }
 }
 
+/// The channel as a metric label: the channels agentloop knows by name, every other name as
+/// `other`, so a client publishing on made-up subjects cannot grow the metrics without bound.
+pub fn channel_label(channel: &str) -> &'static str {
+    const KNOWN: [&str; 10] = [
+        "cli", "nats", "webchat", "http", "gateway", "telegram", "slack", "webhook", "system",
+        "cron",
+    ];
+    KNOWN
+        .into_iter()
+        .find(|known| *known == channel)
+        .unwrap_or("other")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_channels_share_one_label() {
+        assert_eq!(channel_label("telegram"), "telegram");
+        assert_eq!(channel_label("x-1234"), "other");
+    }
 
     #[test]
     fn stream_names_carry_the_prefix() {

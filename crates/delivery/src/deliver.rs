@@ -7,8 +7,8 @@ use async_nats::jetstream::{self, AckKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
-use agentloop_lifecycle::{Backoff, Counter, Health, retry};
+use agentloop_bus::{Bus, DeadLetters, DeadReason, InOrder, StreamKind, error_chain};
+use agentloop_lifecycle::{Backoff, Counter, CounterFamily, Health, retry};
 use agentloop_proto::{
     Encoding, InboxDirection,
     v1::{InboxEvent, OutboundMessage},
@@ -20,6 +20,45 @@ use crate::recent::{Recent, delivery_key};
 use crate::{DeliveryConfig, DeliveryError};
 
 const SERVICE: &str = "delivery";
+
+/// What became of one attempt to deliver a reply, as counted in
+/// `agentloop_delivery_attempts_total{outcome}`.
+#[derive(Debug, Clone, Copy)]
+enum Attempt {
+    /// Delivered (or rightly not sent: a silent reply).
+    Delivered,
+    /// Failed in a way that may pass (each such attempt counts, the last one too).
+    Retried,
+    /// Still failing after the in-place retries: handed back to the server for later.
+    HandedBack,
+    /// Failed for good: dead-lettered.
+    Failed,
+}
+
+impl Attempt {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retried => "retried",
+            Self::HandedBack => "handed_back",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl Ctx {
+    fn count(&self, outbound: &OutboundMessage, attempt: Attempt) {
+        self.attempts
+            .get_or_create(&vec![
+                (
+                    "channel",
+                    agentloop_bus::channel_label(&outbound.channel).to_owned(),
+                ),
+                ("outcome", attempt.as_str().to_owned()),
+            ])
+            .inc();
+    }
+}
 
 /// Delivering again in place after a failure: from 100 ms, doubling up to 1 s, for as long as
 /// `bus.publish_retry_ms` allows.
@@ -36,6 +75,8 @@ struct Ctx {
     captured: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, bool)>>,
     delivered: Counter,
     suppressed: Counter,
+    /// Delivery attempts by channel and [`Attempt`].
+    attempts: CounterFamily,
     dead_letters: DeadLetters,
     /// Acks of handled messages, sent in batches.
     acks: agentloop_bus::Acks,
@@ -74,6 +115,10 @@ pub(crate) async fn serve(
             "agentloop_delivery_suppressed_total",
             "Replies suppressed because the model answered NO_REPLY.",
         ),
+        attempts: health.counter_family(
+            "agentloop_delivery_attempts_total",
+            "Attempts to deliver a reply, by channel and outcome (delivered, retried, handed_back, failed).",
+        ),
     });
     // A session's replies go out in the order the runner published them, also when one of them
     // must wait for a stream leader: later replies of the session wait behind it.
@@ -95,7 +140,9 @@ pub(crate) async fn serve(
         let outbound = match agentloop_bus::decode::<OutboundMessage>(&msg) {
             Ok((outbound, _)) => outbound,
             Err(err) => {
-                ctx.dead_letters.reject(&msg, &error_chain(&err)).await;
+                ctx.dead_letters
+                    .reject(&msg, DeadReason::Invalid, &error_chain(&err))
+                    .await;
                 continue;
             }
         };
@@ -130,7 +177,16 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
             ctx.acks.ack(msg);
             return;
         }
-        match deliver_retrying(ctx, &msg, &outbound).await {
+        let delivered = deliver_retrying(ctx, &msg, &outbound).await;
+        ctx.count(
+            &outbound,
+            match &delivered {
+                Ok(()) => Attempt::Delivered,
+                Err(Failure::Transient(_)) => Attempt::HandedBack,
+                Err(Failure::Permanent(_)) => Attempt::Failed,
+            },
+        );
+        match delivered {
             Ok(()) => {
                 // Delivered means confirmed by the server (see `deliver`), so only now does the
                 // reply count as delivered for absorbing a redelivery.
@@ -146,7 +202,11 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
             }
             // Never acked when not delivered: the server hands it out again.
             Err(Failure::Transient(reason)) => ctx.dead_letters.retry_later(&msg, &reason).await,
-            Err(Failure::Permanent(reason)) => ctx.dead_letters.reject(&msg, &reason).await,
+            Err(Failure::Permanent(reason)) => {
+                ctx.dead_letters
+                    .reject(&msg, DeadReason::Refused, &reason)
+                    .await
+            }
         }
     }
     .instrument(span)
@@ -163,7 +223,10 @@ async fn deliver_retrying(
 ) -> Result<(), Failure> {
     retry("deliver", ctx.retry_in_place, Failure::passes, || async {
         let delivered = deliver(ctx, outbound).await;
-        if delivered.is_err() {
+        if let Err(failure) = &delivered {
+            if failure.passes() {
+                ctx.count(outbound, Attempt::Retried);
+            }
             let _ = msg.ack_with(AckKind::Progress).await;
         }
         delivered

@@ -21,6 +21,9 @@ pub type CounterFamily = Family<Labels, PromCounter>;
 /// A family of histograms, one per label set.
 pub type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
+/// A family of gauges, one per label set.
+pub type GaugeFamily = Family<Labels, Gauge>;
+
 /// Health of a process: readiness per component and its metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct Health {
@@ -35,6 +38,7 @@ struct Inner {
     families: Mutex<Vec<(String, CounterFamily)>>,
     histograms: Mutex<Vec<(String, HistogramFamily)>>,
     gauges: Mutex<Vec<(String, Gauge)>>,
+    gauge_families: Mutex<Vec<(String, GaugeFamily)>>,
     ready: Gauge,
 }
 
@@ -56,6 +60,7 @@ impl Default for Health {
                 families: Mutex::default(),
                 histograms: Mutex::default(),
                 gauges: Mutex::default(),
+                gauge_families: Mutex::default(),
                 ready,
             }),
         }
@@ -179,6 +184,34 @@ impl Health {
             &self.inner.registry,
             name,
             || HistogramFamily::new_with_constructor(seconds),
+            |registry, family| registry.register(name, help_text(help), family),
+        )
+    }
+
+    /// Registers (or returns the existing) family of labelled histograms of counts (a batch's
+    /// size), with buckets 1, 2, 4, … 1024.
+    pub fn size_histogram_family(&self, name: &str, help: &str) -> HistogramFamily {
+        fn sizes() -> Histogram {
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                1.0, 2.0, 11,
+            ))
+        }
+        once(
+            &self.inner.histograms,
+            &self.inner.registry,
+            name,
+            || HistogramFamily::new_with_constructor(sizes),
+            |registry, family| registry.register(name, help_text(help), family),
+        )
+    }
+
+    /// Registers (or returns the existing) family of labelled gauges.
+    pub fn gauge_family(&self, name: &str, help: &str) -> GaugeFamily {
+        once(
+            &self.inner.gauge_families,
+            &self.inner.registry,
+            name,
+            GaugeFamily::default,
             |registry, family| registry.register(name, help_text(help), family),
         )
     }

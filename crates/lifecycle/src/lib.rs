@@ -18,7 +18,7 @@ pub use config::{
 };
 pub use config_check::{UnknownName, UnknownNames};
 pub use config_schema::Schema;
-pub use health::{Counter, CounterFamily, Health, HistogramFamily, Labels, Readiness};
+pub use health::{Counter, CounterFamily, GaugeFamily, Health, HistogramFamily, Labels, Readiness};
 /// The metric types services use beside [`Counter`].
 pub use prometheus_client::metrics::gauge::Gauge;
 pub use retry::{Backoff, retry};

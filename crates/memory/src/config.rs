@@ -54,6 +54,12 @@ pub struct MemorySettings {
     pub inbox_max_pending: u64,
     /// MiB of recently searched users' memories and vectors kept for hybrid search (0: none).
     pub vector_cache_mb: usize,
+    /// How often live sessions, queued inputs, stuck sessions and pending approvals are read
+    /// into gauges (one statement; it scans the sessions table): 0 never.
+    pub gauges_interval_ms: u64,
+    /// A session holding its lease with an input waiting longer than this is stuck
+    /// (`agentloop_sessions_stuck`); longer than the longest run you allow.
+    pub stuck_after_ms: u64,
 }
 
 impl Default for MemorySettings {
@@ -72,6 +78,8 @@ impl Default for MemorySettings {
             tls_key_file: String::new(),
             inbox_max_pending: 1000,
             vector_cache_mb: 64,
+            gauges_interval_ms: 15_000,
+            stuck_after_ms: 900_000,
         }
     }
 }
@@ -89,6 +97,8 @@ impl std::fmt::Debug for MemorySettings {
             .field("batch_max_calls", &self.batch_max_calls)
             .field("inbox_max_pending", &self.inbox_max_pending)
             .field("vector_cache_mb", &self.vector_cache_mb)
+            .field("gauges_interval_ms", &self.gauges_interval_ms)
+            .field("stuck_after_ms", &self.stuck_after_ms)
             .field(
                 "secret",
                 &if self.secret.is_empty() {

@@ -9,6 +9,7 @@
 mod auth;
 mod config;
 mod error;
+mod gauges;
 mod grpc;
 mod server;
 mod store;
@@ -19,7 +20,7 @@ pub use server::Memory;
 pub use store::{
     BatchCounters, BatchSettings, Caller, Claim, DispatchLookup, Enqueued, Entry, Finished,
     HistoryAsk, InboxItem, InboxKind, NewEntry, Run, RunOutcome, RunStatus, Session, SessionInfo,
-    SessionPatch, Store, Taken,
+    SessionPatch, Store, Taken, Waiting,
 };
 
 use agentloop_lifecycle::AdminError;

@@ -139,12 +139,18 @@ impl Memory {
                 "agentloop_memory_combined_batches_total",
                 "Batches that carried enqueues and run ends together, as one statement.",
             ),
+            sizes: Some(health.size_histogram_family(
+                "agentloop_memory_batch_size",
+                "Calls per run-path batch (enqueues and run ends in one round trip).",
+            )),
         };
         let database = {
             let (slot, readiness, stop) = (slot.clone(), readiness.clone(), stop.clone());
+            let gauges = crate::gauges::WaitingGauges::new(&health);
             async move {
                 let supervised =
-                    supervise_database(config, counters, slot, readiness, stop.clone()).await;
+                    supervise_database(config, counters, gauges, slot, readiness, stop.clone())
+                        .await;
                 if supervised.is_err() {
                     stop.cancel();
                 }
@@ -197,6 +203,7 @@ fn grpc_server(settings: &MemorySettings) -> Result<tonic::transport::Server, Me
 async fn supervise_database(
     config: MemoryConfig,
     counters: BatchCounters,
+    gauges: crate::gauges::WaitingGauges,
     slot: Arc<OnceLock<Store>>,
     readiness: Readiness,
     stop: CancellationToken,
@@ -229,6 +236,15 @@ async fn supervise_database(
         .with_vector_cache(config.memory.vector_cache_mb.saturating_mul(1 << 20));
     let store = slot.get_or_init(|| store);
     readiness.set(true);
+    if config.memory.gauges_interval_ms > 0 {
+        tokio::spawn(crate::gauges::report(
+            store.clone(),
+            gauges,
+            Duration::from_millis(config.memory.gauges_interval_ms),
+            config.memory.stuck_after_ms,
+            stop.clone(),
+        ));
+    }
     tracing::info!(
         database = %crate::config::redact_url_password(&config.memory.database_url),
         "memory ready: database connected and migrated"

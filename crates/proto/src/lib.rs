@@ -44,11 +44,46 @@ pub const META_SECURITY_FAMILY: &str = "security.family";
 /// With [`META_SECURITY_LEVEL`]: the rule of the strongest finding.
 pub const META_SECURITY_RULE: &str = "security.rule";
 
+/// How long ago `at` was by this host's clock; `None` for a time in the future (two hosts'
+/// clocks disagree) or one that is not a time.
+pub fn age(at: &pbjson_types::Timestamp) -> Option<std::time::Duration> {
+    let at = std::time::UNIX_EPOCH
+        + std::time::Duration::new(
+            u64::try_from(at.seconds).ok()?,
+            u32::try_from(at.nanos).ok()?,
+        );
+    std::time::SystemTime::now().duration_since(at).ok()
+}
+
 /// Returns the current time as a protobuf timestamp.
 pub fn now() -> pbjson_types::Timestamp {
     let now = chrono::Utc::now();
     pbjson_types::Timestamp {
         seconds: now.timestamp(),
         nanos: i32::try_from(now.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_past_time_has_an_age_and_a_future_or_broken_one_has_none() {
+        let mut past = now();
+        past.seconds -= 3;
+        let age_of_past = age(&past).unwrap();
+        assert!(
+            age_of_past >= std::time::Duration::from_secs(3),
+            "{age_of_past:?}"
+        );
+        let mut future = now();
+        future.seconds += 60;
+        assert_eq!(age(&future), None);
+        let broken = pbjson_types::Timestamp {
+            seconds: -1,
+            nanos: 0,
+        };
+        assert_eq!(age(&broken), None);
     }
 }

@@ -67,6 +67,9 @@ pub struct RouterSettings {
     /// A session's id never changes; a model override or queue mode set meanwhile may take
     /// this long to apply.
     pub session_cache_ttl_ms: u64,
+    /// How often the streams' depths and consumers' backlogs are read into the
+    /// `agentloop_stream_messages` and `agentloop_consumer_*` gauges (0: never).
+    pub depth_interval_ms: u64,
 }
 
 impl Default for RouterSettings {
@@ -76,6 +79,7 @@ impl Default for RouterSettings {
             consumer: "router".to_owned(),
             concurrency: 256,
             session_cache_ttl_ms: 1_000,
+            depth_interval_ms: 15_000,
         }
     }
 }

@@ -9,7 +9,7 @@ use async_nats::jetstream::{self, AckKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, DeadLetters, InOrder, StreamKind, error_chain};
+use agentloop_bus::{Bus, DeadLetters, DeadReason, InOrder, StreamKind, error_chain};
 use agentloop_lifecycle::{Backoff, Health, retry};
 use agentloop_proto::v1::{
     AuditRecord, InboundMessage, InboxEvent, ResolveSessionRequest, RunCommand, Session,
@@ -89,6 +89,18 @@ pub(crate) async fn serve(
             route_one(&ctx, routed).instrument(span).await;
         }
     });
+    if config.router.depth_interval_ms > 0 {
+        tokio::spawn(agentloop_bus::report_depths(
+            bus.clone(),
+            health.clone(),
+            Duration::from_millis(config.router.depth_interval_ms),
+            shutdown.clone(),
+        ));
+    }
+    let received = health.counter_family(
+        "agentloop_messages_in_total",
+        "Inbound messages the router took in, by channel (unknown channel names as other).",
+    );
     ready.set(true);
     tracing::info!(prefix = %config.bus.prefix, "router consuming inbound messages");
     loop {
@@ -101,11 +113,20 @@ pub(crate) async fn serve(
         let inbound = match decode_and_validate(&bus, &msg) {
             Ok(inbound) => inbound,
             Err(reason) => {
-                dead_letters.reject(&msg, &reason).instrument(span).await;
+                dead_letters
+                    .reject(&msg, DeadReason::Invalid, &reason)
+                    .instrument(span)
+                    .await;
                 continue;
             }
         };
         span.record("session_key", inbound.session_key.as_str());
+        received
+            .get_or_create(&vec![(
+                "channel",
+                agentloop_bus::channel_label(bus.subjects().channel_of(&msg.subject)).to_owned(),
+            )])
+            .inc();
         let session_key = inbound.session_key.clone();
         // Waiting for a free slot must not hold up a stop: a message dropped here is not
         // acknowledged, so JetStream hands it to a replica again.

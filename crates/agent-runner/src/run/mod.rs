@@ -241,6 +241,7 @@ impl RunCtx<'_> {
             .await;
         let abort = self.signals.start_run();
         let _in_flight = InFlight::enter(&replica.metrics.in_flight);
+        self.count_start();
         let timeout_ms = if self.agent.run_timeout_ms > 0 {
             self.agent.run_timeout_ms
         } else {
@@ -290,6 +291,36 @@ impl RunCtx<'_> {
         Ok(released)
     }
 
+    /// The agent as a metric label: the configured key, or `default` for an unknown agent.
+    fn agent_label(&self) -> &str {
+        if self.agent_key.is_empty() {
+            "default"
+        } else {
+            self.agent_key
+        }
+    }
+
+    /// Counts the run's start: its wait in the queue on a first attempt, a takeover otherwise.
+    fn count_start(&self) {
+        let metrics = &self.replica.metrics;
+        let labels = vec![("agent", self.agent_label().to_owned())];
+        if self.run.attempts > 1 {
+            metrics.resumed.get_or_create(&labels).inc();
+            return;
+        }
+        if let Some(waited) = self
+            .command
+            .received_at
+            .as_ref()
+            .and_then(agentloop_proto::age)
+        {
+            metrics
+                .queue_wait_seconds
+                .get_or_create(&labels)
+                .observe(waited.as_secs_f64());
+        }
+    }
+
     /// Counts the run and emits its lifecycle `end` or `error`.
     async fn ended(&self, outcome: &Outcome, set_aside: bool) {
         // One line per run, what an operator greps for first.
@@ -311,13 +342,8 @@ impl RunCtx<'_> {
             "run ended"
         );
         let metrics = &self.replica.metrics;
-        let agent = if self.agent_key.is_empty() {
-            "default"
-        } else {
-            self.agent_key
-        };
         let labels = vec![
-            ("agent", agent.to_owned()),
+            ("agent", self.agent_label().to_owned()),
             ("outcome", outcome.status.as_str().to_owned()),
         ];
         metrics.runs.get_or_create(&labels).inc();

@@ -5,12 +5,14 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 
-use agentloop_bus::{Bus, BusConfig, DeadLetters, HEADER_ERROR, StreamKind, stream_name};
+use agentloop_bus::{
+    Bus, BusConfig, DeadLetters, DeadReason, HEADER_ERROR, StreamKind, stream_name,
+};
 use agentloop_lifecycle::Health;
 use agentloop_proto::v1::InboundMessage;
 use agentloop_testkit::NatsServer;
 
-const COUNTER: &str = "agentloop_test_dead_letters_total";
+const COUNTER: &str = "agentloop_dead_letters_total";
 
 /// A bus with one inbound message delivered to the consumer `test`, the service's dead letters
 /// and a watch on the dead-letter subjects.
@@ -89,13 +91,17 @@ impl Fixture {
     }
 
     /// The dead-letter counter's line in the metrics.
-    fn counted(&self) -> String {
+    /// This service's dead letters of `class` counted so far.
+    fn counted(&self, class: DeadReason) -> u64 {
+        let prefix = format!(
+            "{COUNTER}{{service=\"test\",reason=\"{}\"}} ",
+            class.as_str()
+        );
         let metrics = self.health.render_metrics();
         metrics
             .lines()
-            .find(|line| line.starts_with(&format!("{COUNTER} ")))
-            .unwrap_or_default()
-            .to_owned()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .map_or(0, |n| n.parse().unwrap())
     }
 }
 
@@ -112,7 +118,7 @@ async fn a_rejected_message_is_kept_with_its_reason_leaves_its_stream_and_is_cou
 
     fixture
         .dead_letters
-        .reject(&fixture.msg, "cannot be processed")
+        .reject(&fixture.msg, DeadReason::Invalid, "cannot be processed")
         .await;
 
     assert_eq!(
@@ -120,7 +126,7 @@ async fn a_rejected_message_is_kept_with_its_reason_leaves_its_stream_and_is_cou
         "cannot be processed"
     );
     fixture.inbound_emptied().await;
-    assert_eq!(fixture.counted(), format!("{COUNTER} 1"));
+    assert_eq!(fixture.counted(DeadReason::Invalid), 1);
 }
 
 #[tokio::test]
@@ -136,14 +142,14 @@ async fn a_message_whose_dead_letter_cannot_be_stored_comes_back_uncounted() {
     // Act
     fixture
         .dead_letters
-        .reject(&fixture.msg, "cannot be processed")
+        .reject(&fixture.msg, DeadReason::Invalid, "cannot be processed")
         .await;
 
     // Assert: handed back, so the consumer delivers it again.
     let again = next_delivery(bus).await;
     assert_eq!(again.payload, fixture.msg.payload);
     assert_eq!(again.info().unwrap().delivered, 2);
-    assert_eq!(fixture.counted(), format!("{COUNTER} 0"));
+    assert_eq!(fixture.counted(DeadReason::Invalid), 0);
 }
 
 #[tokio::test]
@@ -160,7 +166,7 @@ async fn a_message_that_failed_on_its_last_delivery_is_dead_lettered_with_the_fa
         "gave up after 1 deliveries: memory unavailable"
     );
     fixture.inbound_emptied().await;
-    assert_eq!(fixture.counted(), format!("{COUNTER} 1"));
+    assert_eq!(fixture.counted(DeadReason::Exhausted), 1);
 }
 
 #[tokio::test]
@@ -174,5 +180,5 @@ async fn a_message_that_failed_before_its_last_delivery_comes_back_later() {
 
     let again = next_delivery(&fixture.bus).await;
     assert_eq!(again.info().unwrap().delivered, 2);
-    assert_eq!(fixture.counted(), format!("{COUNTER} 0"));
+    assert_eq!(fixture.counted(DeadReason::Exhausted), 0);
 }

@@ -50,6 +50,19 @@ pub struct BatchCounters {
     pub fallbacks: Counter,
     /// Batches that carried enqueues and run ends together, as one statement.
     pub combined: Counter,
+    /// Calls per batch, when counted.
+    pub sizes: Option<agentloop_lifecycle::HistogramFamily>,
+}
+
+impl BatchCounters {
+    /// Counts one batch of `calls` calls.
+    pub(crate) fn batch_of(&self, calls: usize) {
+        self.batches.inc();
+        self.items.add(calls as u64);
+        if let Some(sizes) = &self.sizes {
+            sizes.get_or_create(&Vec::new()).observe(calls as f64);
+        }
+    }
 }
 
 /// Calls waiting for a batch at most; beyond that a call is refused as overloaded (the caller

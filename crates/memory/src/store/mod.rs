@@ -8,6 +8,7 @@ pub(crate) mod cooldowns;
 pub(crate) mod error;
 mod finish;
 mod gateway;
+mod gauges;
 pub(crate) mod guard;
 mod held;
 mod inbox;
@@ -31,6 +32,7 @@ use uuid::Uuid;
 use crate::MemoryError;
 
 pub use gateway::{Caller, Dispatch, DispatchLookup, SessionInfo, SessionPatch};
+pub use gauges::Waiting;
 
 pub use guard::{ApprovalAsk, ApprovalRow, AuditRow, PairedSender};
 pub use inbox::{Enqueued, InboxItem, Taken};

@@ -1,6 +1,7 @@
 //! Tests of the memory service against a real Postgres (`DATABASE_URL`): the store directly,
 //! and the gRPC server started for real on port 0.
 
+mod gauges;
 mod grpc;
 mod inbox_cap;
 mod ownership;

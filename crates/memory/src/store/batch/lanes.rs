@@ -20,8 +20,7 @@ impl<I: Send + 'static, O: Send + 'static> Inner<I, O> {
 
     /// Runs `item` as a batch of one on the lane its caller took.
     pub(super) async fn alone(self: Arc<Self>, item: I) -> Result<O, MemoryError> {
-        self.counters.batches.inc();
-        self.counters.items.inc();
+        self.counters.batch_of(1);
         let running = (self.execute)(vec![item]);
         let mut lane = Lane {
             inner: self,
@@ -83,8 +82,7 @@ impl<I: Send + 'static, O: Send + 'static> Inner<I, O> {
             // running its call late could claim a lease nobody works on.
             batch.retain(|(_, reply)| !reply.is_closed());
             if !batch.is_empty() {
-                self.counters.batches.inc();
-                self.counters.items.add(batch.len() as u64);
+                self.counters.batch_of(batch.len());
                 let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
                 // A panic fails this batch's calls, not the lane. Caught in place rather than in
                 // a task of its own: one task wakeup less per batch.
