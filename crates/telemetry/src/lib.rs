@@ -4,6 +4,7 @@
 //! calls ride on (a traced channel for clients, accepted connections for servers).
 
 mod coalesce;
+mod export;
 mod log_format;
 mod propagation;
 
@@ -45,6 +46,21 @@ pub enum TelemetryError {
     /// The OTLP exporter could not be built.
     #[error("failed to build the OTLP span exporter")]
     Exporter(#[source] opentelemetry_otlp::ExporterBuildError),
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL` names a protocol agentloop does not speak.
+    #[error("OTEL_EXPORTER_OTLP_PROTOCOL={0:?} is not supported: use grpc or http/protobuf")]
+    Protocol(String),
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE` names a file that cannot be read.
+    #[error("cannot read the OTLP CA certificate {path}")]
+    Certificate {
+        /// The file named.
+        path: String,
+        /// Why it cannot be read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP client for OTLP/HTTP could not be built.
+    #[error("cannot build the OTLP/HTTP client: {0}")]
+    HttpClient(String),
     /// A global subscriber was already installed.
     #[error("a tracing subscriber is already installed")]
     AlreadyInstalled(#[source] tracing_subscriber::util::TryInitError),
@@ -67,7 +83,13 @@ impl Drop for TelemetryGuard {
     }
 }
 
-/// Installs the global subscriber and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, OTLP export.
+/// The service name of a process running every service (`agentloop all`): its spans are sent
+/// under the name of the service that made each one.
+pub const ALL_SERVICES: &str = "agentloop-all";
+
+/// Installs the global subscriber and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, OTLP export
+/// over gRPC or HTTP (`OTEL_EXPORTER_OTLP_PROTOCOL`), with TLS for an `https` endpoint (a
+/// private CA in `OTEL_EXPORTER_OTLP_CERTIFICATE`).
 /// Must be called inside a tokio runtime (the exporter's gRPC client needs it).
 ///
 /// # Errors
@@ -83,17 +105,20 @@ pub fn init(service: &str, config: &TelemetryConfig) -> Result<TelemetryGuard, T
         .filter(|v| !v.trim().is_empty());
     let provider = match otlp_endpoint {
         Some(_) => {
-            let exporter = opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .build()
-                .map_err(TelemetryError::Exporter)?;
             let resource = opentelemetry_sdk::Resource::builder()
                 .with_service_name(service.to_owned())
                 .build();
-            let provider = SdkTracerProvider::builder()
-                .with_batch_exporter(exporter)
-                .with_resource(resource)
-                .build();
+            let builder = SdkTracerProvider::builder().with_resource(resource);
+            // One process running every service still reports each span under its service.
+            let builder = if service == ALL_SERVICES {
+                builder.with_batch_exporter(export::PerService::new(
+                    ALL_SERVICES,
+                    export::otlp_exporter,
+                )?)
+            } else {
+                builder.with_batch_exporter(export::otlp_exporter()?)
+            };
+            let provider = builder.build();
             opentelemetry::global::set_tracer_provider(provider.clone());
             Some(provider)
         }
