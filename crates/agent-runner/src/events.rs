@@ -100,7 +100,11 @@ impl RunEvents {
         let subject = self.bus.subjects().approvals();
         if let Err(err) = self
             .bus
-            .publish_fast(subject, &event, agentloop_proto::Encoding::Proto)
+            .publish_fast(
+                subject,
+                &event,
+                self.bus.config().events_encoding.encoding(),
+            )
             .await
         {
             tracing::warn!(error = %agentloop_bus::error_chain(&err), run_id = %event.run_id, "failed to tell operators of an approval event");

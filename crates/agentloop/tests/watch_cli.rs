@@ -117,3 +117,47 @@ async fn a_sessions_events_are_printed_live_and_a_runs_events_replayed_in_order(
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no events of run no-such-run"));
 }
+
+#[tokio::test]
+async fn with_json_events_a_plain_subscriber_reads_them_as_they_are_and_replay_still_works() {
+    // Arrange: events written as JSON (`bus.events_encoding = "json"`)
+    let nats = agentloop_testkit::NatsServer::start().expect("nats");
+    let config = BusConfig {
+        url: nats.url().to_owned(),
+        prefix: "watchcli".to_owned(),
+        events_encoding: agentloop_bus::EventsEncoding::Json,
+        ..Default::default()
+    };
+    let bus = Bus::connect(&config, "test").await.expect("bus");
+    let mut plain = bus
+        .client()
+        .subscribe("watchcli.events.>")
+        .await
+        .expect("subscribe");
+
+    // Act
+    bus.emit_event(&event(1, "assistant", "delta", "Hi", ""))
+        .await;
+
+    // Assert: what `nats sub` prints is the event itself
+    let msg = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures::StreamExt::next(&mut plain),
+    )
+    .await
+    .expect("an event")
+    .expect("a message");
+    let json: serde_json::Value =
+        serde_json::from_slice(&msg.payload).expect("the payload is JSON as it is");
+    assert_eq!(json["delta"], "Hi", "{json}");
+    assert_eq!(json["runId"], RUN, "{json}");
+    let replayed = agentloop(nats.url(), &["replay", RUN])
+        .output()
+        .await
+        .expect("agentloop replay");
+    assert!(replayed.status.success(), "{replayed:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&replayed.stdout).trim_end(),
+        "   1 run 0193a0b1 assistant/delta \"Hi\""
+    );
+}

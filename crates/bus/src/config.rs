@@ -53,6 +53,9 @@ pub struct BusConfig {
     pub events_max_age_secs: u64,
     /// Keep the EVENTS stream in memory (a server restart forgets events, not transcripts).
     pub events_in_memory: bool,
+    /// How run and inbox events are written: `proto` (compact, the default) or `json`, which
+    /// a person reads with `nats sub` as it is. Readers take either.
+    pub events_encoding: EventsEncoding,
     /// Most bytes of events kept; the oldest go first.
     pub events_max_bytes: i64,
     /// Most bytes of unprocessed work each work stream (inbound, runs, outbound) holds; past
@@ -101,6 +104,7 @@ impl Default for BusConfig {
             work_max_age_secs: 7 * 24 * 3600,
             events_max_age_secs: 3600,
             events_in_memory: true,
+            events_encoding: EventsEncoding::Proto,
             events_max_bytes: 256 * 1024 * 1024,
             // JetStream reserves a stream's max_bytes on disk when it creates the stream, so the
             // defaults stay modest: 1 GiB in all, which a server with 1.4 GB free can reserve.
@@ -303,6 +307,27 @@ impl BusConfig {
     #[must_use]
     pub fn ack_gather(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.ack_gather_ms.min(self.ack_wait_ms / 10))
+    }
+}
+
+/// How events are written on the bus (`bus.events_encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventsEncoding {
+    /// Binary protobuf.
+    #[default]
+    Proto,
+    /// Proto3 canonical JSON, readable as it is.
+    Json,
+}
+
+impl EventsEncoding {
+    /// The wire encoding it means.
+    pub fn encoding(self) -> agentloop_proto::Encoding {
+        match self {
+            Self::Proto => agentloop_proto::Encoding::Proto,
+            Self::Json => agentloop_proto::Encoding::Json,
+        }
     }
 }
 

@@ -15,7 +15,7 @@ mod publish;
 mod subjects;
 
 pub use acks::Acks;
-pub use config::{BusConfig, redact_url};
+pub use config::{BusConfig, EventsEncoding, redact_url};
 pub use consume::Deliveries;
 pub use dead_letters::{DeadLetters, DeadReason};
 pub use depth::report_depths;

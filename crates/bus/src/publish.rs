@@ -175,7 +175,8 @@ impl Bus {
     /// Emits a run event (fire and forget: events are for watching, the transcript is the record).
     pub async fn emit_event(&self, event: &SystemEvent) {
         let subject = self.subjects.events(&event.session_id, &event.run_id);
-        if let Err(err) = self.publish_fast(subject, event, Encoding::Proto).await {
+        let encoding = self.config.events_encoding.encoding();
+        if let Err(err) = self.publish_fast(subject, event, encoding).await {
             tracing::warn!(error = %error_chain(&err), run_id = %event.run_id, "failed to emit event");
         }
     }
@@ -187,7 +188,8 @@ impl Bus {
             return;
         }
         let subject = self.subjects.inbox(&event.channel);
-        if let Err(err) = self.publish_fast(subject, event, Encoding::Proto).await {
+        let encoding = self.config.events_encoding.encoding();
+        if let Err(err) = self.publish_fast(subject, event, encoding).await {
             tracing::warn!(error = %error_chain(&err), channel = %event.channel, "failed to emit an inbox event");
         }
     }
