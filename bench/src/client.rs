@@ -116,6 +116,9 @@ pub struct LoadClient {
     prefix: String,
     /// The encoding of the InboundMessages it publishes (and asks with).
     inbound: Encoding,
+    /// Fake-model directives appended to every message (`[[delay_ms:N]]`); the model strips
+    /// them, so the expected echo is unchanged.
+    directive: String,
     state: Arc<State>,
 }
 
@@ -151,6 +154,7 @@ impl LoadClient {
             js,
             prefix: prefix.to_owned(),
             inbound,
+            directive: String::new(),
             state: Arc::new(State::default()),
         };
         let mut replies = client
@@ -251,7 +255,7 @@ impl LoadClient {
     /// # Errors
     /// On publish failure or when no reply came in time.
     pub async fn send(&self, session_key: &str, tag: &str) -> anyhow::Result<Done> {
-        let (inbound, inflight, rx) = message(session_key, tag, "");
+        let (inbound, inflight, rx) = message(session_key, tag, "", &self.directive);
         if let Ok(mut map) = self.state.inflight.lock() {
             map.insert(session_key.to_owned(), inflight);
         }
@@ -287,7 +291,7 @@ impl LoadClient {
         jetstream::context::PublishAckFuture,
         oneshot::Receiver<Done>,
     )> {
-        let (inbound, inflight, rx) = message(session_key, tag, queue_mode);
+        let (inbound, inflight, rx) = message(session_key, tag, queue_mode, &self.directive);
         if let Ok(mut map) = self.state.burst.lock() {
             map.insert(tag.to_owned(), inflight);
         }
@@ -367,6 +371,11 @@ impl LoadClient {
         Ok(elapsed)
     }
 
+    /// Appends fake-model directives to every message it sends from now on.
+    pub fn set_directive(&mut self, directive: String) {
+        self.directive = directive;
+    }
+
     /// The headers of an InboundMessage in the client's encoding.
     fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::new();
@@ -381,6 +390,7 @@ fn message(
     session_key: &str,
     tag: &str,
     queue_mode: &str,
+    directive: &str,
 ) -> (InboundMessage, Inflight, oneshot::Receiver<Done>) {
     let text = format!("bench {tag}");
     let (tx, rx) = oneshot::channel();
@@ -391,6 +401,11 @@ fn message(
         sent_wall: wall_us(),
         first_delta: None,
         done: Some(tx),
+    };
+    let text = if directive.is_empty() {
+        text
+    } else {
+        format!("{text} {directive}")
     };
     let inbound = InboundMessage {
         session_key: session_key.to_owned(),

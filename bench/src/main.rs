@@ -9,6 +9,7 @@ mod api;
 mod burst;
 mod client;
 mod embed_server;
+mod inflight;
 mod matrix;
 mod openclaw;
 mod options;
@@ -55,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
         // `--openclaw` checks in the model's requests that each tag reached it.
         model_recorded: if options.openclaw { 1000 } else { 0 },
         mode: options.setup.mode,
+        service_env: Vec::new(),
     })?;
     let started = Instant::now();
     let outcome = tokio::select! {
@@ -65,6 +67,8 @@ async fn main() -> anyhow::Result<()> {
                 matrix::run(&options, &run_dir, git_commit()).await.map(|m| Output::Matrix(Box::new(m)))
             } else if options.retrieval {
                 retrieval::run(&mut stack, &options, git_commit()).await.map(|r| Output::Retrieval(Box::new(r)))
+            } else if !options.inflight.is_empty() {
+                inflight::run(&options, &run_dir).await.map(Output::Soak)
             } else if let Some(per) = options.soak {
                 soak(&mut stack, &options, per).await.map(Output::Soak)
             } else {

@@ -126,6 +126,7 @@ pub async fn run(options: &Options, run_dir: &Path, commit: String) -> anyhow::R
             rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
             model_recorded: 0,
             mode,
+            service_env: Vec::new(),
         })?;
         step(&format!("matrix: {}", setup.line()));
         let column = run_one(&mut stack, setup, &plan).await;

@@ -49,6 +49,12 @@ pub struct Options {
     /// `--retrieval`: long-term memory search (recall@1, recall@5 on `bench/retrieval/`, latency
     /// at 100,000 memories) against the memory service alone, instead of the default phases.
     pub retrieval: bool,
+    /// `--inflight N,N,…`: runs held in flight by one runner while the model takes
+    /// `--model-ms` (each session sends one message, all at once), instead of the default phases.
+    pub inflight: Vec<usize>,
+    /// `--model-ms MS,MS,…` with `--inflight`: how long the fake model takes per reply, streamed
+    /// over that time (default 1000,5000).
+    pub model_ms: Vec<u64>,
     /// `--mode` and `--inbound`.
     pub setup: Setup,
 }
@@ -58,7 +64,7 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
 [--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http]] \
-[--matrix] [--retrieval]
+[--matrix] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]]
 
   --mode separate   each service in a process of its own (default)
   --mode all        the five services in one `agentloop all` process (no runner scaling phase;
@@ -74,7 +80,13 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
                     facts of bench/retrieval/facts.jsonl saved for one user and each question
                     searched (recall@1, recall@5), then SearchMemories latency over gRPC at
                     100,000 memories; written as its own section of bench/RESULTS.md (--quick:
-                    fewer latency passes)";
+                    fewer latency passes)
+  --inflight 1000,5000 --model-ms 1000,5000
+                    in-flight capacity of one runner: for each model time and count, a fresh
+                    stack (separate processes), one message per session published at once while
+                    the fake model streams each reply over the model time; runs/s, runner RSS
+                    per run in flight, CPU-ms per run by process, overhead above the model's
+                    time (p50/p99); printed, not written";
 
 /// Parses the command line (`--help` prints [`USAGE`] and exits).
 ///
@@ -108,6 +120,8 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_http: false,
         matrix: false,
         retrieval: false,
+        inflight: Vec::new(),
+        model_ms: vec![1_000, 5_000],
         setup: Setup::default(),
     };
     // Whether --mode or --inbound was given: --matrix runs every setup, so either is a mistake.
@@ -140,6 +154,12 @@ pub fn parse_args() -> anyhow::Result<Options> {
             "--http" => options.soak_http = true,
             "--matrix" => options.matrix = true,
             "--retrieval" => options.retrieval = true,
+            "--inflight" => {
+                options.inflight = numbers(&value()?).context("--inflight needs counts")?
+            }
+            "--model-ms" => {
+                options.model_ms = numbers(&value()?).context("--model-ms needs milliseconds")?
+            }
             "--mode" => {
                 setup_given = true;
                 options.setup.mode = StackMode::parse(&value()?)?;
@@ -179,4 +199,18 @@ pub fn parse_args() -> anyhow::Result<Options> {
         );
     }
     Ok(options)
+}
+
+/// Parses `1000,5000` into numbers.
+fn numbers<T: std::str::FromStr>(text: &str) -> anyhow::Result<Vec<T>>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    text.split(',')
+        .map(|n| {
+            n.trim()
+                .parse::<T>()
+                .with_context(|| format!("{n:?} is not a number"))
+        })
+        .collect()
 }

@@ -34,6 +34,8 @@ pub struct StackConfig {
     pub model_recorded: usize,
     /// Separate service processes, or one `agentloop all`.
     pub mode: StackMode,
+    /// Settings every service gets on top of the bench's own (`AGENTLOOP_RUNNER__…`).
+    pub service_env: Vec<(String, String)>,
 }
 
 /// A process the bench started.
@@ -238,6 +240,9 @@ impl Stack {
             .env("OPENAI_API_KEY", "sk-bench")
             .env(admin_key, admin.to_string());
         for (key, value) in extra_env {
+            cmd.env(key, value);
+        }
+        for (key, value) in &self.config.service_env {
             cmd.env(key, value);
         }
         // Experiments: `BENCH_SERVICE_ENV="KEY=value,KEY2=value"` reaches every service.

@@ -174,3 +174,30 @@ fn every_toml_example_of_the_readme_is_valid_configuration() {
         Err(agentloop_lifecycle::ConfigError::Unknown(_))
     ));
 }
+
+#[test]
+fn json_logs_go_to_stderr_like_text_logs_one_object_per_line() {
+    // A service that cannot reach NATS logs its retries; in JSON they are on stderr too.
+    let mut child = start_delivery(
+        None,
+        &[
+            ("AGENTLOOP_TELEMETRY__LOG_FORMAT", "json"),
+            ("RUST_LOG", "info"),
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    let _ = child
+        .stderr
+        .take()
+        .map(|mut s| s.read_to_string(&mut stderr));
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "nothing logged on stderr");
+    for line in lines {
+        let object: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(object["level"].is_string(), "{line}");
+    }
+}

@@ -133,7 +133,9 @@ pub fn init(service: &str, config: &TelemetryConfig) -> Result<TelemetryGuard, T
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
-                    .with_current_span(true),
+                    .with_current_span(true)
+                    // The same stream as the text lines: one place to collect either.
+                    .with_writer(std::io::stderr),
             )
             .try_init()
     } else {

@@ -1,0 +1,258 @@
+//! `--inflight`: how many runs one runner holds at once, and what each costs, when the model
+//! takes seconds per reply. For each model time and count: a fresh stack (separate processes,
+//! one runner), one message per session published at once, the fake model streaming each reply
+//! over the model time. Measured: runs/s, the runner's resident memory per run in flight, its
+//! open file descriptors, CPU-ms per run by process, and the time above the model's (p50/p99).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::client::LoadClient;
+use crate::options::Options;
+use crate::phases::Load;
+use crate::procfs;
+use crate::setup::StackMode;
+use crate::stack::{Stack, StackConfig};
+
+/// One measured case.
+struct Row {
+    model_ms: u64,
+    sessions: usize,
+    ok: u64,
+    lost: u64,
+    elapsed: Duration,
+    /// Latency above the model's time, sorted.
+    overheads: Vec<Duration>,
+    /// One message alone on the same stack, before the burst.
+    alone: Duration,
+    rss_base_kib: u64,
+    rss_peak_kib: u64,
+    fds_peak: u64,
+    in_flight_peak: u64,
+    cpu_ms_per_run: Vec<(String, f64)>,
+}
+
+/// The fake-model directives that make a reply take `model_ms`, streamed: the OpenAI stream of
+/// an echo is seven frames, the first after 40 % of the time and the other six a tenth apart.
+fn directive(model_ms: u64) -> String {
+    let chunk = model_ms / 10;
+    format!(
+        "[[delay_ms:{}]] [[chunk_delay_ms:{chunk}]]",
+        model_ms.saturating_sub(6 * chunk)
+    )
+}
+
+/// Runs every case and returns the table as text.
+///
+/// # Errors
+/// When a stack does not start (its logs are kept).
+pub async fn run(options: &Options, run_dir: &Path) -> anyhow::Result<String> {
+    let mut rows = Vec::new();
+    for &model_ms in &options.model_ms {
+        for &sessions in &options.inflight {
+            let dir = run_dir.join(format!("inflight-{model_ms}-{sessions}"));
+            let mut stack = Stack::new(StackConfig {
+                bin_dir: options.bin_dir.clone(),
+                nats_server: options.nats_server.clone(),
+                pg_base: options.pg_base.clone(),
+                run_dir: dir.clone(),
+                rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+                model_recorded: 0,
+                mode: StackMode::Separate,
+                service_env: limits(sessions),
+            })?;
+            crate::step(&format!(
+                "in flight: {sessions} sessions, model {model_ms} ms"
+            ));
+            let row = case(&mut stack, options, model_ms, sessions).await;
+            stack.shutdown().await;
+            if let Err(err) = crate::drop_database(&options.pg_base, &stack.db_name).await {
+                eprintln!("warning: failed to drop {}: {err:#}", stack.db_name);
+            }
+            let row = row.with_context(|| format!("logs in {}", dir.join("logs").display()))?;
+            eprintln!("{}", line(&row));
+            rows.push(row);
+            // Database names carry the second they were made in.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+    }
+    Ok(table(&rows))
+}
+
+/// The runner's limits raised to hold `sessions` runs at once; everything else as shipped.
+fn limits(sessions: usize) -> Vec<(String, String)> {
+    let n = (sessions + 64).to_string();
+    vec![
+        (
+            "AGENTLOOP_RUNNER__MAX_CONCURRENT_RUNS".to_owned(),
+            n.clone(),
+        ),
+        ("AGENTLOOP_RUNNER__MAX_CONCURRENT_MODEL_CALLS".to_owned(), n),
+    ]
+}
+
+async fn case(
+    stack: &mut Stack,
+    options: &Options,
+    model_ms: u64,
+    sessions: usize,
+) -> anyhow::Result<Row> {
+    stack.start().await?;
+    let mut client =
+        LoadClient::connect(&stack.nats_url, crate::PREFIX, options.setup.inbound).await?;
+    let limit = Duration::from_secs(120 + model_ms / 1000 * 4);
+    // Warm: connections, caches, the first sessions.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.database_url)
+        .await
+        .context("failed to connect to the bench database")?;
+    crate::phases::run(
+        stack,
+        &client,
+        &pool,
+        &crate::load("warm", 20, 20, 5, limit),
+        1,
+    )
+    .await?;
+    pool.close().await;
+    client.set_directive(directive(model_ms));
+    let alone = crate::burst::drive(&client, &load("alone", 1, limit)).await?;
+    let alone = alone.totals.first().copied().unwrap_or_default();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let runner = stack
+        .pids()
+        .into_iter()
+        .find(|(_, group)| group == "runner")
+        .map(|(pid, _)| pid)
+        .context("no runner process")?;
+    let rss_base_kib = procfs::sample(runner).map_or(0, |s| s.rss_kib);
+    let peaks = Peaks::default();
+    let done = AtomicBool::new(false);
+    let cpu_before = procfs::CpuSnapshot::take(&stack.pids());
+    let (burst, ()) = tokio::join!(
+        async {
+            let burst = crate::burst::drive(&client, &load("inflight", sessions, limit)).await;
+            done.store(true, Ordering::Relaxed);
+            burst
+        },
+        sample(stack, runner, &peaks, &done)
+    );
+    let burst = burst?;
+    let cpu = procfs::CpuSnapshot::take(&stack.pids()).delta_since(&cpu_before);
+    let in_flight_peak = peaks.in_flight.load(Ordering::Relaxed);
+
+    let model = Duration::from_millis(model_ms);
+    let mut overheads: Vec<Duration> = burst
+        .totals
+        .iter()
+        .map(|t| t.saturating_sub(model))
+        .collect();
+    overheads.sort();
+    let tck = procfs::clock_ticks_per_sec() as f64;
+    let ok = burst.ok.max(1) as f64;
+    Ok(Row {
+        model_ms,
+        sessions,
+        ok: burst.ok,
+        lost: burst.lost + burst.wrong,
+        elapsed: burst.elapsed,
+        overheads,
+        alone,
+        rss_base_kib,
+        rss_peak_kib: peaks.rss_kib.load(Ordering::Relaxed),
+        fds_peak: peaks.fds.load(Ordering::Relaxed),
+        in_flight_peak,
+        cpu_ms_per_run: cpu
+            .into_iter()
+            .map(|(group, ticks)| (group, ticks as f64 / tck * 1000.0 / ok))
+            .collect(),
+    })
+}
+
+fn load(name: &str, sessions: usize, limit: Duration) -> Load {
+    crate::load(name, sessions, sessions, 1, limit)
+}
+
+/// The runner's highest resident memory, open descriptors and runs in flight seen.
+#[derive(Default)]
+struct Peaks {
+    rss_kib: AtomicU64,
+    fds: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// Samples the runner until `done`: resident memory and open descriptors every 50 ms, its
+/// `agentloop_runner_runs_in_flight` gauge every 250 ms.
+async fn sample(stack: &Stack, pid: u32, peaks: &Peaks, done: &AtomicBool) {
+    let fd_dir = format!("/proc/{pid}/fd");
+    let mut tick = 0u32;
+    while !done.load(Ordering::Relaxed) {
+        if let Some(s) = procfs::sample(pid) {
+            peaks.rss_kib.fetch_max(s.rss_kib, Ordering::Relaxed);
+        }
+        if let Ok(entries) = std::fs::read_dir(&fd_dir) {
+            peaks
+                .fds
+                .fetch_max(entries.count() as u64, Ordering::Relaxed);
+        }
+        if tick % 5 == 0
+            && let Some(n) = stack
+                .metric("runner", "agentloop_runner_runs_in_flight")
+                .await
+        {
+            peaks.in_flight.fetch_max(n, Ordering::Relaxed);
+        }
+        tick += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn line(row: &Row) -> String {
+    let per_run_kib =
+        row.rss_peak_kib.saturating_sub(row.rss_base_kib) as f64 / row.sessions.max(1) as f64;
+    let cpu: Vec<String> = row
+        .cpu_ms_per_run
+        .iter()
+        .map(|(g, ms)| format!("{g} {ms:.3}"))
+        .collect();
+    format!(
+        "| {} | {} | {}/{} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {} |",
+        row.model_ms,
+        row.sessions,
+        row.ok,
+        row.lost,
+        row.ok as f64 / row.elapsed.as_secs_f64().max(1e-9),
+        row.alone.as_secs_f64() * 1000.0,
+        percentile(&row.overheads, 0.5).as_secs_f64() * 1000.0,
+        percentile(&row.overheads, 0.99).as_secs_f64() * 1000.0,
+        row.in_flight_peak,
+        row.rss_base_kib as f64 / 1024.0,
+        per_run_kib,
+        row.fds_peak,
+        cpu.join(", "),
+    )
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| model ms | sessions | ok/lost | runs/s | one alone ms | overhead p50 ms | overhead p99 ms | runs in flight peak | runner RSS before MiB | runner RSS KiB per session | runner fds peak | CPU-ms per run by process |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        out.push_str(&line(row));
+        out.push('\n');
+    }
+    out
+}
