@@ -200,7 +200,7 @@ async fn sample(stack: &Stack, pid: u32, peaks: &Peaks, done: &AtomicBool) {
                 .fds
                 .fetch_max(entries.count() as u64, Ordering::Relaxed);
         }
-        if tick % 5 == 0
+        if tick.is_multiple_of(5)
             && let Some(n) = stack
                 .metric("runner", "agentloop_runner_runs_in_flight")
                 .await
