@@ -17,6 +17,20 @@ const QUEUE_MODE: &str = "followup";
 /// # Errors
 /// Never for lost messages (they are counted); kept fallible like [`crate::phases::drive`].
 pub async fn drive(client: &LoadClient, load: &Load) -> anyhow::Result<PhaseResult> {
+    drive_spread(client, load, Duration::ZERO).await
+}
+
+/// As [`drive`], with the publishes spread evenly over `spread` (an open loop at a steady
+/// rate) instead of all at once.
+///
+/// # Errors
+/// As [`drive`].
+pub async fn drive_spread(
+    client: &LoadClient,
+    load: &Load,
+    spread: Duration,
+) -> anyhow::Result<PhaseResult> {
+    let total = (load.sessions * load.per_session).max(1) as u32;
     let mut result = PhaseResult {
         name: load.name.clone(),
         concurrency: load.sessions,
@@ -29,6 +43,13 @@ pub async fn drive(client: &LoadClient, load: &Load) -> anyhow::Result<PhaseResu
     for session in 0..load.sessions {
         let key = format!("bench:{}:{session}", load.name);
         for m in 0..load.per_session {
+            if !spread.is_zero() {
+                let i = u32::try_from(result.sent).unwrap_or(u32::MAX);
+                tokio::time::sleep_until(tokio::time::Instant::from_std(
+                    start + spread * i / total,
+                ))
+                .await;
+            }
             let tag = format!("{}-{session}-{m}", load.name);
             result.sent += 1;
             match client.publish_burst(&key, &tag, QUEUE_MODE).await {

@@ -148,7 +148,11 @@ impl LoadClient {
             .connect(url)
             .await
             .context("bench failed to connect to nats")?;
-        let js = jetstream::new(nc.clone());
+        // A burst has every message's ack pending at once: past async-nats's default of 5,000
+        // the publish would fail.
+        let js = jetstream::context::ContextBuilder::new()
+            .max_ack_inflight(1 << 17)
+            .build(nc.clone());
         let client = Self {
             nc,
             js,

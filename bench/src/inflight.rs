@@ -17,6 +17,12 @@ use crate::procfs;
 use crate::setup::StackMode;
 use crate::stack::{Stack, StackConfig};
 
+/// The section of `bench/RESULTS.md` an `--inflight` run writes.
+pub const SECTION: crate::section::Markers = crate::section::Markers {
+    begin: "<!-- inflight:begin -->",
+    end: "<!-- inflight:end -->",
+};
+
 /// One measured case.
 struct Row {
     model_ms: u64,
@@ -45,7 +51,7 @@ fn directive(model_ms: u64) -> String {
     )
 }
 
-/// Runs every case and returns the table as text.
+/// Runs every case and returns the section, table and how it was measured.
 ///
 /// # Errors
 /// When a stack does not start (its logs are kept).
@@ -79,7 +85,39 @@ pub async fn run(options: &Options, run_dir: &Path) -> anyhow::Result<String> {
             tokio::time::sleep(Duration::from_millis(1100)).await;
         }
     }
-    Ok(table(&rows))
+    let (cores, cpu, memory) = procfs::machine();
+    Ok(format!(
+        "{begin}\n## In flight: one runner while the model takes seconds (`./scripts/bench.sh --inflight {counts} --model-ms {times}`)\n\n\
+         - date: {date}; commit: {commit}; machine: {cores} cores, {cpu}; {memory}\n\
+         - each row a fresh stack of separate processes (one runner), its limits raised to hold the sessions \
+         (`runner.max_concurrent_runs` and `runner.max_concurrent_model_calls` = sessions + 64); \
+         one message per session, the publishes spread evenly over the model's time (a steady \
+         rate of sessions ÷ model time, so that many runs are in flight once the first replies \
+         return); the fake model streams each reply over the model time (first frame at 40 %, \
+         six more a tenth apart) and accepts 8,192 connections in its queue\n\
+         - overhead: publish → reply minus the model time; one alone: a single message on the same \
+         stack before the load; runs in flight: the runner's `agentloop_runner_runs_in_flight`, \
+         highest seen (sampled every 250 ms); RSS per session: the runner's highest RSS minus its \
+         RSS before the load, over the sessions; fds: the runner's open descriptors, highest seen \
+         (one connection per model call on HTTP/1.1)\n\n{table}\n{end}\n",
+        begin = SECTION.begin,
+        end = SECTION.end,
+        counts = options
+            .inflight
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        times = options
+            .model_ms
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        date = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        commit = crate::git_commit(),
+        table = table(&rows),
+    ))
 }
 
 /// The runner's limits raised to hold `sessions` runs at once; everything else as shipped.
@@ -133,17 +171,33 @@ async fn case(
     let rss_base_kib = procfs::sample(runner).map_or(0, |s| s.rss_kib);
     let peaks = Peaks::default();
     let done = AtomicBool::new(false);
-    let cpu_before = procfs::CpuSnapshot::take(&stack.pids());
+    // The stack's processes and the database's Postgres backends, memory's pool open by now.
+    let mut pids = stack.pids();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.database_url)
+        .await
+        .context("failed to connect to the bench database")?;
+    pids.extend(crate::phases::postgres_pids(&pool, &stack.db_name).await?);
+    let cpu_before = procfs::CpuSnapshot::take(&pids);
     let (burst, ()) = tokio::join!(
         async {
-            let burst = crate::burst::drive(&client, &load("inflight", sessions, limit)).await;
+            // Spread over the model's time: a steady rate at which `sessions` runs are in
+            // flight once the first replies come back.
+            let burst = crate::burst::drive_spread(
+                &client,
+                &load("inflight", sessions, limit),
+                Duration::from_millis(model_ms),
+            )
+            .await;
             done.store(true, Ordering::Relaxed);
             burst
         },
         sample(stack, runner, &peaks, &done)
     );
     let burst = burst?;
-    let cpu = procfs::CpuSnapshot::take(&stack.pids()).delta_since(&cpu_before);
+    let cpu = procfs::CpuSnapshot::take(&pids).delta_since(&cpu_before);
+    pool.close().await;
     let in_flight_peak = peaks.in_flight.load(Ordering::Relaxed);
 
     let model = Duration::from_millis(model_ms);
@@ -248,7 +302,7 @@ fn line(row: &Row) -> String {
 
 fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| model ms | sessions | ok/lost | runs/s | one alone ms | overhead p50 ms | overhead p99 ms | runs in flight peak | runner RSS before MiB | runner RSS KiB per session | runner fds peak | CPU-ms per run by process |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| model ms | sessions | ok/lost | replies/s | one alone ms | overhead p50 ms | overhead p99 ms | runs in flight peak | runner RSS before MiB | runner RSS KiB per session | runner fds peak | CPU-ms per run by process |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         out.push_str(&line(row));

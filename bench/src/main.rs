@@ -68,7 +68,7 @@ async fn main() -> anyhow::Result<()> {
             } else if options.retrieval {
                 retrieval::run(&mut stack, &options, git_commit()).await.map(|r| Output::Retrieval(Box::new(r)))
             } else if !options.inflight.is_empty() {
-                inflight::run(&options, &run_dir).await.map(Output::Soak)
+                inflight::run(&options, &run_dir).await.map(Output::InFlight)
             } else if let Some(per) = options.soak {
                 soak(&mut stack, &options, per).await.map(Output::Soak)
             } else {
@@ -104,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
                 matrix::SECTION.extract(&existing),
                 sidebyside::SECTION.extract(&existing),
                 retrieval::SECTION.extract(&existing),
+                inflight::SECTION.extract(&existing),
             ]
             .into_iter()
             .flatten()
@@ -115,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
         Output::Matrix(m) => placed(&matrix::SECTION, &existing, m.markdown()),
         Output::SideBySide(side) => placed(&sidebyside::SECTION, &existing, side.markdown()),
         Output::Retrieval(r) => placed(&retrieval::SECTION, &existing, r.markdown()),
+        Output::InFlight(section) => placed(&inflight::SECTION, &existing, section),
     };
     println!("{printed}");
     if let Some(out) = &options.out {
@@ -135,6 +137,8 @@ enum Output {
     Matrix(Box<matrix::Matrix>),
     /// `--retrieval`: long-term memory search, recall and latency.
     Retrieval(Box<retrieval::Retrieval>),
+    /// `--inflight`: one runner's runs in flight while the model takes seconds.
+    InFlight(String),
 }
 
 /// A section run's output: the section printed, and the results file with it in its place (a

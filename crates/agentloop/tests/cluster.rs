@@ -28,6 +28,13 @@ const PER_SESSION: usize = 10;
 /// Acknowledged messages before the leader is killed.
 const KILL_AFTER: usize = 60;
 const CAPTURE: &str = "TEST_CAPTURE";
+/// The streams whose leaders must be back before the next node of a rolling restart goes.
+const STREAMS: [&str; 4] = [
+    "AGENTLOOP_INBOUND",
+    "AGENTLOOP_RUNS",
+    "AGENTLOOP_OUTBOUND",
+    CAPTURE,
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_inbound_leader_loses_no_acknowledged_message() {
@@ -70,7 +77,31 @@ async fn several_seed_urls_are_one_cluster_and_a_bad_one_is_a_clear_error() {
     );
 }
 
+// Nothing is lost or duplicated in any run; but in 1 run of 8 here a few sessions had one
+// follow-up answered after the later ones: a pull response lost with a dying connection is
+// redelivered only after `bus.ack_wait_ms`, and the session's next messages, delivered over
+// the new connection, overtake it. Out of the default run until ordering survives that (issue
+// 28); `cargo nextest run --run-ignored all -E 'test(rolling)'` runs it.
+#[ignore = "follow-up order breaks in about 1 run of 8: a lost pull response is redelivered after the next messages"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_every_nats_node_loses_no_acknowledged_message() {
+    under_load(Fault::RollingRestart).await;
+}
+
+/// What happens to the cluster while the load runs.
+enum Fault<'a> {
+    /// SIGKILL of the node leading this stream.
+    KillLeader(&'a str),
+    /// Each node in turn: SIGKILL, down for two seconds, started again with its store, and the
+    /// next one only once every agentloop stream has a leader again.
+    RollingRestart,
+}
+
 async fn leader_killed_under_load(victim_stream: &str) {
+    under_load(Fault::KillLeader(victim_stream)).await;
+}
+
+async fn under_load(fault: Fault<'_>) {
     // Arrange: the cluster, the capture stream, the stack on all three seeds.
     let mut cluster = NatsCluster::start(3).await.unwrap();
     let db = TestDatabase::create().await.unwrap();
@@ -147,20 +178,50 @@ async fn leader_killed_under_load(victim_stream: &str) {
     })
     .await
     .unwrap();
-    let leader = cluster.stream_leader(victim_stream).await.unwrap();
-    cluster.kill(&leader);
     let killed_at = SystemTime::now();
-    // How long nats-server itself took to elect a new leader: the part of the pause that is
-    // not agentloop's.
-    let elected = wait_until("a new leader", Duration::from_secs(60), || {
-        let (cluster, leader) = (&cluster, &leader);
-        async move {
-            let new = cluster.stream_leader(victim_stream).await.ok()?;
-            (new != *leader).then_some(())
+    let (what, elected) = match fault {
+        Fault::KillLeader(victim_stream) => {
+            let leader = cluster.stream_leader(victim_stream).await.unwrap();
+            cluster.kill(&leader);
+            // How long nats-server itself took to elect a new leader: the part of the pause
+            // that is not agentloop's.
+            let elected = wait_until("a new leader", Duration::from_secs(60), || {
+                let (cluster, leader) = (&cluster, &leader);
+                async move {
+                    let new = cluster.stream_leader(victim_stream).await.ok()?;
+                    (new != *leader).then_some(())
+                }
+            })
+            .await
+            .map(|()| killed_at.elapsed().unwrap_or_default());
+            (
+                format!("killed {leader} (leader of {victim_stream})"),
+                elected,
+            )
         }
-    })
-    .await
-    .map(|()| killed_at.elapsed().unwrap_or_default());
+        Fault::RollingRestart => {
+            for node in cluster.names() {
+                cluster.kill(&node);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                cluster.restart(&node).unwrap();
+                wait_until("every stream led again", Duration::from_secs(60), || {
+                    let cluster = &cluster;
+                    async move {
+                        for stream in STREAMS {
+                            cluster.stream_leader(stream).await.ok()?;
+                        }
+                        Some(())
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+            }
+            (
+                "restarted every node in turn".to_owned(),
+                Ok(killed_at.elapsed().unwrap_or_default()),
+            )
+        }
+    };
     while let Some(done) = senders.join_next().await {
         done.unwrap();
     }
@@ -194,9 +255,9 @@ async fn leader_killed_under_load(victim_stream: &str) {
         .find(|r| r.at > killed_at)
         .and_then(|r| r.at.duration_since(killed_at).ok());
     println!(
-        "killed {leader} (leader of {victim_stream}): {} replies for {total} accepted; lost {}, \
-         duplicated {}, out of order {}; longest pause {:?}; first reply {:?} after the kill; \
-         new leader elected {elected:?} after the kill",
+        "{what}: {} replies for {total} accepted; lost {}, \
+         duplicated {}, out of order {}; longest pause {:?}; first reply {:?} after the fault; \
+         cluster whole again {elected:?} after it",
         history.replies.len(),
         findings.lost.len(),
         findings.duplicated.len(),
@@ -204,9 +265,21 @@ async fn leader_killed_under_load(victim_stream: &str) {
         findings.longest_pause,
         first_after_kill,
     );
+    if !findings.ok() {
+        let pool = db.pool().await.unwrap();
+        let order: Vec<(String, String)> = sqlx::query_as(
+            "SELECT s.key, string_agg(split_part(t.content, ' ', 1), ' ' ORDER BY t.seq) \
+             FROM transcript_entries t JOIN sessions s ON s.id = t.session_id \
+             WHERE t.role = 'user' GROUP BY s.key ORDER BY s.key",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap_or_default();
+        println!("user entries of each session, in transcript order: {order:?}");
+    }
     assert!(
         stored.is_ok() && findings.ok(),
-        "guarantees broken after killing {leader} (leader of {victim_stream}): {findings:?}\n\
+        "guarantees broken ({what}): {findings:?}\n\
          stack log:\n{}\ncluster:\n{}",
         tail(&stack.logs(), 80),
         cluster.logs()

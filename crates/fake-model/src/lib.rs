@@ -140,19 +140,38 @@ pub struct FakeModel {
     task: Option<JoinHandle<Result<(), FakeModelError>>>,
 }
 
+/// Connections the kernel queues for `accept` (tokio's default is 1,024). A provider takes a
+/// burst of thousands of new connections; with a short queue, the connections past it lose
+/// their SYN and retry a second later, which a benchmark would count as the runner's time.
+const ACCEPT_BACKLOG: u32 = 8_192;
+
+/// Binds `addr` (`host:port`) with a long accept queue.
+async fn listen(addr: &str) -> std::io::Result<TcpListener> {
+    let addr = tokio::net::lookup_host(addr).await?.next().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to bind")
+    })?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(ACCEPT_BACKLOG)
+}
+
 impl FakeModel {
     /// Binds `config.listen` and serves in a background task.
     ///
     /// # Errors
     /// `FakeModelError::Bind` when the address cannot be bound.
     pub async fn start(config: FakeModelConfig) -> Result<Self, FakeModelError> {
-        let listener =
-            TcpListener::bind(&config.listen)
-                .await
-                .map_err(|source| FakeModelError::Bind {
-                    addr: config.listen.clone(),
-                    source,
-                })?;
+        let listener = listen(&config.listen)
+            .await
+            .map_err(|source| FakeModelError::Bind {
+                addr: config.listen.clone(),
+                source,
+            })?;
         let addr = listener
             .local_addr()
             .map_err(|source| FakeModelError::Bind {
