@@ -468,6 +468,76 @@ async fn killing_one_of_three_runners_mid_run_answers_every_message_exactly_once
     stack.stop_all(Duration::from_secs(10)).await;
 }
 
+/// Sends SIGSTOP or SIGCONT to a process.
+fn signal(process: &ServiceProcess, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &process.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {}", process.pid());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_paused_past_its_lease_loses_its_sessions_and_its_late_writes_are_refused() {
+    // Arrange: three runners (lease 1.2 s), 30 sessions of three slow turns each.
+    let nats = NatsServer::start().unwrap();
+    let db = TestDatabase::create().await.unwrap();
+    let fake = FakeModel::start(FakeModelConfig::default()).await.unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = jetstream::new(client);
+    let (replies, capture) = Replies::capture(&js).await;
+    let mut stack = Stack::start(nats.url(), db.url(), &fake, 3, &[]).await;
+    let pool = db.pool().await.unwrap();
+    let conversations = converse(&js, &replies, 30, 3, "[[delay_ms:300]]");
+
+    // Act: SIGSTOP a runner mid-run for three lease lengths (a GC pause, a throttled
+    // container, a VM migration), then let it go on: it wakes up holding runs whose sessions
+    // other runners have taken over meanwhile.
+    wait_until("runner-0 to be mid-run", Duration::from_secs(30), || {
+        let pool = pool.clone();
+        let total = replies.total();
+        async move { (total >= 20 && running_owned_by(&pool, "runner-0").await > 0).then_some(()) }
+    })
+    .await
+    .unwrap();
+    signal(stack.runner("runner-0"), "-STOP");
+    let paused_at = Instant::now();
+    let before = replies.total();
+    wait_until(
+        "other runners to answer meanwhile",
+        Duration::from_secs(30),
+        || {
+            let total = replies.total();
+            async move { (total > before + 5).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(3_600).saturating_sub(paused_at.elapsed())).await;
+    signal(stack.runner("runner-0"), "-CONT");
+    join_all_ok(conversations).await;
+
+    // Assert: every message answered once, no two runs of a session overlapping, the paused
+    // runner's runs resumed elsewhere.
+    wait_quiet(&js, &pool).await;
+    // A late duplicate from the woken runner would arrive in the moments after.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for s in 0..30 {
+        for m in 0..3 {
+            let tag = format!("m-s{s:02}-{m}");
+            assert_eq!(replies.count(&tag), 1, "replies to {tag}");
+        }
+    }
+    assert_eq!(replies.total(), 90);
+    let runs = assert_tables(&pool, 90).await;
+    assert!(
+        runs.iter().any(|(_, attempts)| *attempts > 1),
+        "a run of the paused runner was resumed by another: {runs:?}"
+    );
+    capture.abort();
+    stack.stop_all(Duration::from_secs(10)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_that_finished_before_the_crash_is_not_executed_again() {
     // Arrange: two runners, a remote tool counting its executions per tag, and a model that
