@@ -145,7 +145,8 @@ impl LoadClient {
         let nc = async_nats::ConnectOptions::new()
             .name("agentloop-bench")
             .subscription_capacity(1 << 17)
-            .connect(url)
+            // A cluster's seeds come comma-separated, as the services take them.
+            .connect(url.split(',').map(str::trim).collect::<Vec<_>>())
             .await
             .context("bench failed to connect to nats")?;
         // A burst has every message's ack pending at once: past async-nats's default of 5,000

@@ -69,6 +69,7 @@ pub async fn run(options: &Options, run_dir: &Path) -> anyhow::Result<String> {
                 model_recorded: 0,
                 mode: StackMode::Separate,
                 service_env: limits(sessions),
+                nats_nodes: 1,
             })?;
             crate::step(&format!(
                 "in flight: {sessions} sessions, model {model_ms} ms"

@@ -15,6 +15,7 @@ mod openclaw;
 mod options;
 mod phases;
 mod procfs;
+mod replicated;
 mod report;
 mod retrieval;
 mod retrieval_data;
@@ -57,6 +58,7 @@ async fn main() -> anyhow::Result<()> {
         model_recorded: if options.openclaw { 1000 } else { 0 },
         mode: options.setup.mode,
         service_env: Vec::new(),
+        nats_nodes: 1,
     })?;
     let started = Instant::now();
     let outcome = tokio::select! {
@@ -67,6 +69,8 @@ async fn main() -> anyhow::Result<()> {
                 matrix::run(&options, &run_dir, git_commit()).await.map(|m| Output::Matrix(Box::new(m)))
             } else if options.retrieval {
                 retrieval::run(&mut stack, &options, git_commit()).await.map(|r| Output::Retrieval(Box::new(r)))
+            } else if options.replicated {
+                replicated::run(&options, &run_dir).await.map(Output::Replicated)
             } else if !options.inflight.is_empty() {
                 inflight::run(&options, &run_dir).await.map(Output::InFlight)
             } else if let Some(per) = options.soak {
@@ -105,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
                 sidebyside::SECTION.extract(&existing),
                 retrieval::SECTION.extract(&existing),
                 inflight::SECTION.extract(&existing),
+                replicated::SECTION.extract(&existing),
             ]
             .into_iter()
             .flatten()
@@ -117,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
         Output::SideBySide(side) => placed(&sidebyside::SECTION, &existing, side.markdown()),
         Output::Retrieval(r) => placed(&retrieval::SECTION, &existing, r.markdown()),
         Output::InFlight(section) => placed(&inflight::SECTION, &existing, section),
+        Output::Replicated(section) => placed(&replicated::SECTION, &existing, section),
     };
     println!("{printed}");
     if let Some(out) = &options.out {
@@ -139,6 +145,8 @@ enum Output {
     Retrieval(Box<retrieval::Retrieval>),
     /// `--inflight`: one runner's runs in flight while the model takes seconds.
     InFlight(String),
+    /// `--replicated`: one nats-server and a replicated cluster side by side.
+    Replicated(String),
 }
 
 /// A section run's output: the section printed, and the results file with it in its place (a

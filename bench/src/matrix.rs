@@ -127,6 +127,7 @@ pub async fn run(options: &Options, run_dir: &Path, commit: String) -> anyhow::R
             model_recorded: 0,
             mode,
             service_env: Vec::new(),
+            nats_nodes: 1,
         })?;
         step(&format!("matrix: {}", setup.line()));
         let column = run_one(&mut stack, setup, &plan).await;

@@ -55,6 +55,9 @@ pub struct Options {
     /// `--model-ms MS,MS,…` with `--inflight`: how long the fake model takes per reply, streamed
     /// over that time (default 1000,5000).
     pub model_ms: Vec<u64>,
+    /// `--replicated`: the throughput phases on one nats-server and on a replicated
+    /// three-node cluster, side by side, instead of the default phases.
+    pub replicated: bool,
     /// `--mode` and `--inbound`.
     pub setup: Setup,
 }
@@ -64,7 +67,7 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
 [--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http]] \
-[--matrix] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]]
+[--matrix] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]] [--replicated]
 
   --mode separate   each service in a process of its own (default)
   --mode all        the five services in one `agentloop all` process (no runner scaling phase;
@@ -86,7 +89,10 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
                     stack (separate processes), one message per session published at once while
                     the fake model streams each reply over the model time; runs/s, runner RSS
                     per run in flight, CPU-ms per run by process, overhead above the model's
-                    time (p50/p99); printed, not written";
+                    time (p50/p99); its own section of bench/RESULTS.md
+  --replicated      1 session, 10 and 100 sessions (closed loop) on one nats-server, then on a
+                    three-node cluster on loopback with streams replicated three ways and every
+                    write synced (`sync_interval: always`); its own section";
 
 /// Parses the command line (`--help` prints [`USAGE`] and exits).
 ///
@@ -121,6 +127,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         matrix: false,
         retrieval: false,
         inflight: Vec::new(),
+        replicated: false,
         model_ms: vec![1_000, 5_000],
         setup: Setup::default(),
     };
@@ -154,6 +161,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
             "--http" => options.soak_http = true,
             "--matrix" => options.matrix = true,
             "--retrieval" => options.retrieval = true,
+            "--replicated" => options.replicated = true,
             "--inflight" => {
                 options.inflight = numbers(&value()?).context("--inflight needs counts")?
             }

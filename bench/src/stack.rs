@@ -36,6 +36,9 @@ pub struct StackConfig {
     pub mode: StackMode,
     /// Settings every service gets on top of the bench's own (`AGENTLOOP_RUNNER__…`).
     pub service_env: Vec<(String, String)>,
+    /// nats-server nodes: 1, or a cluster on loopback (each write synced to disk, streams
+    /// replicated on every node, the services given every node as a seed).
+    pub nats_nodes: usize,
 }
 
 /// A process the bench started.
@@ -100,36 +103,11 @@ impl Stack {
     /// # Errors
     /// When a process exits or does not become ready in time.
     pub async fn start(&mut self) -> anyhow::Result<()> {
-        let nats_port: u16 = self
-            .nats_url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .context("nats url has no port")?;
-        let store = self.config.run_dir.join("jetstream");
-        let mut nats = Command::new(&self.config.nats_server);
-        nats.args([
-            "-a",
-            "127.0.0.1",
-            "-p",
-            &nats_port.to_string(),
-            "-js",
-            "-sd",
-        ])
-        .arg(&store);
-        // nats-server's monitoring endpoint (`/jsz`, `/varz`), to watch where messages wait.
-        if let Ok(port) = std::env::var("BENCH_NATS_MONITOR_PORT") {
-            nats.args(["-m", &port]);
+        if self.config.nats_nodes > 1 {
+            self.start_nats_cluster().await?;
+        } else {
+            self.start_nats().await?;
         }
-        // One Go scheduler thread: on two cores shared with eight other processes, a second one
-        // only added handoffs between threads (A/B in bench/HISTORY.md). BENCH_NATS_GOMAXPROCS
-        // overrides it.
-        nats.env(
-            "GOMAXPROCS",
-            std::env::var("BENCH_NATS_GOMAXPROCS").unwrap_or_else(|_| "1".to_owned()),
-        );
-        self.spawn("nats-server", nats, None)?;
-        wait_tcp(loopback(nats_port), Duration::from_secs(15)).await?;
 
         let mut model = Command::new(self.config.bin_dir.join("agentloop-fake-model"));
         model.args([
@@ -159,6 +137,89 @@ impl Stack {
         self.start_service("delivery", "delivery", &[]).await?;
         self.start_service("gateway", "gateway", &gateway_env)
             .await?;
+        Ok(())
+    }
+
+    /// One nats-server, JetStream on file storage in the run directory.
+    async fn start_nats(&mut self) -> anyhow::Result<()> {
+        let nats_port: u16 = self
+            .nats_url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .context("nats url has no port")?;
+        let store = self.config.run_dir.join("jetstream");
+        let mut nats = Command::new(&self.config.nats_server);
+        nats.args([
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &nats_port.to_string(),
+            "-js",
+            "-sd",
+        ])
+        .arg(&store);
+        // nats-server's monitoring endpoint (`/jsz`, `/varz`), to watch where messages wait.
+        if let Ok(port) = std::env::var("BENCH_NATS_MONITOR_PORT") {
+            nats.args(["-m", &port]);
+        }
+        nats.env("GOMAXPROCS", nats_gomaxprocs());
+        self.spawn("nats-server", nats, None)?;
+        wait_tcp(loopback(nats_port), Duration::from_secs(15)).await
+    }
+
+    /// `nats_nodes` nats-servers clustered on loopback, as production runs them: every write
+    /// synced to disk (`sync_interval: always`); the services get every node as a seed and
+    /// three-way replicated streams.
+    async fn start_nats_cluster(&mut self) -> anyhow::Result<()> {
+        let n = self.config.nats_nodes;
+        let mut ports = Vec::with_capacity(n);
+        for _ in 0..n {
+            ports.push((free_port()?, free_port()?));
+        }
+        let routes: Vec<String> = ports
+            .iter()
+            .map(|(_, route)| format!("\"nats://127.0.0.1:{route}\""))
+            .collect();
+        for (i, (client, route)) in ports.iter().enumerate() {
+            let name = if i == 0 {
+                "nats-server".to_owned()
+            } else {
+                format!("nats-server-{}", i + 1)
+            };
+            let conf = self.config.run_dir.join(format!("{name}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "server_name: n{}\nlisten: \"127.0.0.1:{client}\"\n\
+                     jetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\n\
+                     cluster {{\n  name: agentloop-bench\n  listen: \"127.0.0.1:{route}\"\n  routes: [{}]\n}}\n",
+                    i + 1,
+                    self.config
+                        .run_dir
+                        .join(format!("jetstream-{}", i + 1))
+                        .display(),
+                    routes.join(", ")
+                ),
+            )?;
+            let mut nats = Command::new(&self.config.nats_server);
+            nats.arg("-c").arg(&conf);
+            nats.env("GOMAXPROCS", nats_gomaxprocs());
+            self.spawn(&name, nats, None)?;
+        }
+        for (client, _) in &ports {
+            wait_tcp(loopback(*client), Duration::from_secs(15)).await?;
+        }
+        self.nats_url = ports
+            .iter()
+            .map(|(client, _)| format!("nats://127.0.0.1:{client}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.config
+            .service_env
+            .push(("AGENTLOOP_BUS__REPLICAS".to_owned(), n.min(3).to_string()));
+        // The services create their streams once JetStream has a meta leader; they retry
+        // until then, so nothing more to wait for here.
         Ok(())
     }
 
@@ -426,6 +487,8 @@ const SERVICES: [&str; 5] = ["memory", "router", "runner", "delivery", "gateway"
 pub fn group_of(name: &str) -> String {
     if name.starts_with("runner") {
         "runner".to_owned()
+    } else if name.starts_with("nats-server") {
+        "nats-server".to_owned()
     } else {
         name.to_owned()
     }
@@ -486,4 +549,10 @@ pub fn rss_by_name(stack: &Stack) -> Vec<(String, u64)> {
             )
         })
         .collect()
+}
+
+/// One Go scheduler thread: on two cores shared with eight other processes, a second one only
+/// added handoffs between threads (A/B in bench/HISTORY.md). BENCH_NATS_GOMAXPROCS overrides it.
+fn nats_gomaxprocs() -> String {
+    std::env::var("BENCH_NATS_GOMAXPROCS").unwrap_or_else(|_| "1".to_owned())
 }
