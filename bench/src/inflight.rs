@@ -61,15 +61,8 @@ pub async fn run(options: &Options, run_dir: &Path) -> anyhow::Result<String> {
         for &sessions in &options.inflight {
             let dir = run_dir.join(format!("inflight-{model_ms}-{sessions}"));
             let mut stack = Stack::new(StackConfig {
-                bin_dir: options.bin_dir.clone(),
-                nats_server: options.nats_server.clone(),
-                pg_base: options.pg_base.clone(),
-                run_dir: dir.clone(),
-                rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
-                model_recorded: 0,
-                mode: StackMode::Separate,
                 service_env: limits(sessions),
-                nats_nodes: 1,
+                ..StackConfig::from_options(options, dir.clone(), StackMode::Separate, "warn")
             })?;
             crate::step(&format!(
                 "in flight: {sessions} sessions, model {model_ms} ms"

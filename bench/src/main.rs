@@ -49,16 +49,9 @@ async fn main() -> anyhow::Result<()> {
         std::process::id()
     ));
     let mut stack = Stack::new(StackConfig {
-        bin_dir: options.bin_dir.clone(),
-        nats_server: options.nats_server.clone(),
-        pg_base: options.pg_base.clone(),
-        run_dir: run_dir.clone(),
-        rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
         // `--openclaw` checks in the model's requests that each tag reached it.
         model_recorded: if options.openclaw { 1000 } else { 0 },
-        mode: options.setup.mode,
-        service_env: Vec::new(),
-        nats_nodes: 1,
+        ..StackConfig::from_options(&options, run_dir.clone(), options.setup.mode, "info")
     })?;
     let started = Instant::now();
     let outcome = tokio::select! {

@@ -118,17 +118,12 @@ pub async fn run(options: &Options, run_dir: &Path, commit: String) -> anyhow::R
     for (mode, inbound) in SETUPS {
         let setup = Setup { mode, inbound };
         let dir = run_dir.join(format!("{}-{}", mode.name(), inbound.name()));
-        let mut stack = Stack::new(StackConfig {
-            bin_dir: options.bin_dir.clone(),
-            nats_server: options.nats_server.clone(),
-            pg_base: options.pg_base.clone(),
-            run_dir: dir.clone(),
-            rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
-            model_recorded: 0,
+        let mut stack = Stack::new(StackConfig::from_options(
+            options,
+            dir.clone(),
             mode,
-            service_env: Vec::new(),
-            nats_nodes: 1,
-        })?;
+            "info",
+        ))?;
         step(&format!("matrix: {}", setup.line()));
         let column = run_one(&mut stack, setup, &plan).await;
         stack.shutdown().await;

@@ -37,15 +37,8 @@ pub async fn run(options: &Options, run_dir: &Path) -> anyhow::Result<String> {
     for nodes in [1, 3] {
         let dir = run_dir.join(format!("nats-{nodes}"));
         let mut stack = Stack::new(StackConfig {
-            bin_dir: options.bin_dir.clone(),
-            nats_server: options.nats_server.clone(),
-            pg_base: options.pg_base.clone(),
-            run_dir: dir.clone(),
-            rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            model_recorded: 0,
-            mode: StackMode::Separate,
-            service_env: Vec::new(),
             nats_nodes: nodes,
+            ..StackConfig::from_options(options, dir.clone(), StackMode::Separate, "warn")
         })?;
         crate::step(&format!("replicated: {nodes} nats-server node(s)"));
         let column = phases(&mut stack, options, nodes).await;

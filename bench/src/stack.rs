@@ -41,6 +41,29 @@ pub struct StackConfig {
     pub nats_nodes: usize,
 }
 
+impl StackConfig {
+    /// The stack `options` describe, in `run_dir`: separate processes or `all` as `mode` says,
+    /// one nats-server, the services at `BENCH_RUST_LOG` or `log`.
+    pub fn from_options(
+        options: &crate::options::Options,
+        run_dir: PathBuf,
+        mode: StackMode,
+        log: &str,
+    ) -> Self {
+        Self {
+            bin_dir: options.bin_dir.clone(),
+            nats_server: options.nats_server.clone(),
+            pg_base: options.pg_base.clone(),
+            run_dir,
+            rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| log.to_owned()),
+            model_recorded: 0,
+            mode,
+            service_env: Vec::new(),
+            nats_nodes: 1,
+        }
+    }
+}
+
 /// A process the bench started.
 pub struct Proc {
     /// Display name (`runner`, `runner-2`, `nats-server`, ...).

@@ -450,26 +450,21 @@ async fn running_owned_by(db: &sqlx::PgPool, owner: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_one_of_three_runners_mid_run_answers_every_message_exactly_once() {
-    // Arrange: three runners, 50 sessions of three slow turns each.
-    let nats = NatsServer::start().unwrap();
-    let db = TestDatabase::create().await.unwrap();
-    let fake = FakeModel::start(FakeModelConfig::default()).await.unwrap();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = jetstream::new(client);
-    let (replies, capture) = Replies::capture(&js).await;
-    let mut stack = Stack::start(nats.url(), db.url(), &fake, 3, &[]).await;
-    let pool = db.pool().await.unwrap();
-    let conversations = converse(&js, &replies, 50, 3, "[[delay_ms:300]]");
+    // Arrange: three runners, 50 sessions of three slow turns each, runner-0 mid-run.
+    let MidRun {
+        _nats,
+        _db,
+        _fake,
+        js,
+        replies,
+        capture,
+        mut stack,
+        pool,
+        conversations,
+        moved,
+    } = MidRun::start(50, 30).await;
 
-    // Act: kill -9 a runner while it has runs in flight, and start a fresh replica.
-    wait_until("runner-0 to be mid-run", Duration::from_secs(30), || {
-        let pool = pool.clone();
-        let total = replies.total();
-        async move { (total >= 30 && running_owned_by(&pool, "runner-0").await > 0).then_some(()) }
-    })
-    .await
-    .unwrap();
-    let moved = in_flight_of(&pool, "runner-0").await;
+    // Act: kill -9 the runner while it has runs in flight, and start a fresh replica.
     stack.runner("runner-0").kill();
     let killed_at = Instant::now();
     let late = stack.add_runner("runner-late");
@@ -505,6 +500,58 @@ async fn killing_one_of_three_runners_mid_run_answers_every_message_exactly_once
     stack.stop_all(Duration::from_secs(10)).await;
 }
 
+/// What a runner-fault test starts from: three runners (lease 1.2 s) answering `sessions`
+/// conversations of three slow turns each, once runner-0 has runs in flight and `replied`
+/// replies have come; `moved` are the inputs of runner-0's runs at that moment.
+struct MidRun {
+    _nats: NatsServer,
+    _db: TestDatabase,
+    _fake: FakeModel,
+    js: jetstream::Context,
+    replies: Replies,
+    capture: tokio::task::JoinHandle<()>,
+    stack: Stack,
+    pool: sqlx::PgPool,
+    conversations: tokio::task::JoinSet<()>,
+    moved: Vec<String>,
+}
+
+impl MidRun {
+    async fn start(sessions: usize, replied: usize) -> Self {
+        let nats = NatsServer::start().unwrap();
+        let db = TestDatabase::create().await.unwrap();
+        let fake = FakeModel::start(FakeModelConfig::default()).await.unwrap();
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let js = jetstream::new(client);
+        let (replies, capture) = Replies::capture(&js).await;
+        let stack = Stack::start(nats.url(), db.url(), &fake, 3, &[]).await;
+        let pool = db.pool().await.unwrap();
+        let conversations = converse(&js, &replies, sessions, 3, "[[delay_ms:300]]");
+        wait_until("runner-0 to be mid-run", Duration::from_secs(30), || {
+            let pool = pool.clone();
+            let total = replies.total();
+            async move {
+                (total >= replied && running_owned_by(&pool, "runner-0").await > 0).then_some(())
+            }
+        })
+        .await
+        .unwrap();
+        let moved = in_flight_of(&pool, "runner-0").await;
+        Self {
+            _nats: nats,
+            _db: db,
+            _fake: fake,
+            js,
+            replies,
+            capture,
+            stack,
+            pool,
+            conversations,
+            moved,
+        }
+    }
+}
+
 /// Sends SIGSTOP or SIGCONT to a process.
 fn signal(process: &ServiceProcess, sig: &str) {
     let status = std::process::Command::new("kill")
@@ -516,28 +563,24 @@ fn signal(process: &ServiceProcess, sig: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_paused_past_its_lease_loses_its_sessions_and_its_late_writes_are_refused() {
-    // Arrange: three runners (lease 1.2 s), 30 sessions of three slow turns each.
-    let nats = NatsServer::start().unwrap();
-    let db = TestDatabase::create().await.unwrap();
-    let fake = FakeModel::start(FakeModelConfig::default()).await.unwrap();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = jetstream::new(client);
-    let (replies, capture) = Replies::capture(&js).await;
-    let mut stack = Stack::start(nats.url(), db.url(), &fake, 3, &[]).await;
-    let pool = db.pool().await.unwrap();
-    let conversations = converse(&js, &replies, 30, 3, "[[delay_ms:300]]");
+    // Arrange: three runners (lease 1.2 s), 30 sessions of three slow turns each, runner-0
+    // mid-run.
+    let MidRun {
+        _nats,
+        _db,
+        _fake,
+        js,
+        replies,
+        capture,
+        mut stack,
+        pool,
+        conversations,
+        moved,
+    } = MidRun::start(30, 20).await;
 
-    // Act: SIGSTOP a runner mid-run for three lease lengths (a GC pause, a throttled
-    // container, a VM migration), then let it go on: it wakes up holding runs whose sessions
-    // other runners have taken over meanwhile.
-    wait_until("runner-0 to be mid-run", Duration::from_secs(30), || {
-        let pool = pool.clone();
-        let total = replies.total();
-        async move { (total >= 20 && running_owned_by(&pool, "runner-0").await > 0).then_some(()) }
-    })
-    .await
-    .unwrap();
-    let moved = in_flight_of(&pool, "runner-0").await;
+    // Act: SIGSTOP the runner for three lease lengths (a GC pause, a throttled container, a
+    // VM migration), then let it go on: it wakes up holding runs whose sessions other runners
+    // have taken over meanwhile.
     signal(stack.runner("runner-0"), "-STOP");
     let paused_at = Instant::now();
     let before = replies.total();

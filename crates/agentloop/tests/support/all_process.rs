@@ -6,24 +6,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncReadExt as _;
 
-use agentloop_testkit::{NatsServer, TestDatabase};
+use agentloop_testkit::{NatsServer, TestDatabase, http_status};
 
+/// A free loopback port (bound and released).
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    agentloop_testkit::free_port().unwrap()
 }
 
-pub async fn http_status(addr: &str, path: &str) -> Option<u16> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    response.split_whitespace().nth(1)?.parse().ok()
-}
-
+/// A running `agentloop all`, its gateway address and its log.
 pub struct Process {
     pub child: tokio::process::Child,
     pub gateway: String,
