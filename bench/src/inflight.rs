@@ -30,7 +30,7 @@ struct Row {
     ok: u64,
     lost: u64,
     elapsed: Duration,
-    /// Latency above the model's time, sorted.
+    /// Latency above the model's time.
     overheads: Vec<Duration>,
     /// One message alone on the same stack, before the burst.
     alone: Duration,
@@ -195,12 +195,11 @@ async fn case(
     let in_flight_peak = peaks.in_flight.load(Ordering::Relaxed);
 
     let model = Duration::from_millis(model_ms);
-    let mut overheads: Vec<Duration> = burst
+    let overheads: Vec<Duration> = burst
         .totals
         .iter()
         .map(|t| t.saturating_sub(model))
         .collect();
-    overheads.sort();
     let tck = procfs::clock_ticks_per_sec() as f64;
     let ok = burst.ok.max(1) as f64;
     Ok(Row {
@@ -260,15 +259,8 @@ async fn sample(stack: &Stack, pid: u32, peaks: &Peaks, done: &AtomicBool) {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
 fn line(row: &Row) -> String {
+    let overhead = crate::report::pct(&row.overheads);
     let per_run_kib =
         row.rss_peak_kib.saturating_sub(row.rss_base_kib) as f64 / row.sessions.max(1) as f64;
     let cpu: Vec<String> = row
@@ -284,8 +276,8 @@ fn line(row: &Row) -> String {
         row.lost,
         row.ok as f64 / row.elapsed.as_secs_f64().max(1e-9),
         row.alone.as_secs_f64() * 1000.0,
-        percentile(&row.overheads, 0.5).as_secs_f64() * 1000.0,
-        percentile(&row.overheads, 0.99).as_secs_f64() * 1000.0,
+        overhead.p50,
+        overhead.p99,
         row.in_flight_peak,
         row.rss_base_kib as f64 / 1024.0,
         per_run_kib,

@@ -11,6 +11,7 @@ use crate::client::LoadClient;
 use crate::options::Options;
 use crate::phases::{PhaseResult, STACK_GROUPS};
 use crate::procfs;
+use crate::report::pct;
 use crate::setup::StackMode;
 use crate::stack::{Stack, StackConfig};
 
@@ -85,16 +86,6 @@ async fn phases(stack: &mut Stack, options: &Options, nodes: usize) -> anyhow::R
     })
 }
 
-fn pct(sorted_from: &[Duration], p: f64) -> f64 {
-    let mut sorted = sorted_from.to_vec();
-    sorted.sort();
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 fn markdown(columns: &[Column]) -> String {
     let tck = procfs::clock_ticks_per_sec();
     let (cores, cpu, memory) = procfs::machine();
@@ -118,18 +109,12 @@ fn markdown(columns: &[Column]) -> String {
         "---:|".repeat(columns.len())
     );
     table += &row("1 session, closed loop: p50 / p99 ms", &|c| {
-        format!(
-            "{:.2} / {:.2}",
-            pct(&c.one.totals, 0.5),
-            pct(&c.one.totals, 0.99)
-        )
+        let l = pct(&c.one.totals);
+        format!("{:.2} / {:.2}", l.p50, l.p99)
     });
     table += &row("10 sessions at once: p50 / p99 ms", &|c| {
-        format!(
-            "{:.2} / {:.2}",
-            pct(&c.ten.totals, 0.5),
-            pct(&c.ten.totals, 0.99)
-        )
+        let l = pct(&c.ten.totals);
+        format!("{:.2} / {:.2}", l.p50, l.p99)
     });
     table += &row("100 sessions, closed loop: runs/s", &|c| {
         format!("{:.0}", c.hundred.rate())

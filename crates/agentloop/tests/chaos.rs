@@ -205,6 +205,18 @@ impl Replies {
         self.by_tag.lock().unwrap().get(tag).copied().unwrap_or(0)
     }
 
+    /// Asserts that each of `sessions` × `messages` conversation turns (as [`converse`] tags
+    /// them) was answered exactly once, and nothing else was.
+    fn assert_each_once(&self, sessions: usize, messages: usize) {
+        for s in 0..sessions {
+            for m in 0..messages {
+                let tag = format!("m-s{s:02}-{m}");
+                assert_eq!(self.count(&tag), 1, "replies to {tag}");
+            }
+        }
+        assert_eq!(self.total(), sessions * messages);
+    }
+
     /// Failover: from `fault` to the first reply to any of `moved` (the runs the faulted
     /// runner had in flight, which another runner must take over). `None` when none came.
     fn failover(&self, moved: &[String], fault: Instant) -> Option<Duration> {
@@ -473,13 +485,7 @@ async fn killing_one_of_three_runners_mid_run_answers_every_message_exactly_once
 
     // Assert
     wait_quiet(&js, &pool).await;
-    for s in 0..50 {
-        for m in 0..3 {
-            let tag = format!("m-s{s:02}-{m}");
-            assert_eq!(replies.count(&tag), 1, "replies to {tag}");
-        }
-    }
-    assert_eq!(replies.total(), 150);
+    replies.assert_each_once(50, 3);
     // A figure for the notes, not an assertion: `--no-capture` prints it.
     println!(
         "failover after kill -9 of a runner (lease 1.2 s, sweep 200 ms): {:?}",
@@ -603,13 +609,7 @@ async fn a_runner_paused_past_its_lease_loses_its_sessions_and_its_late_writes_a
     wait_quiet(&js, &pool).await;
     // A late duplicate from the woken runner would arrive in the moments after.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    for s in 0..30 {
-        for m in 0..3 {
-            let tag = format!("m-s{s:02}-{m}");
-            assert_eq!(replies.count(&tag), 1, "replies to {tag}");
-        }
-    }
-    assert_eq!(replies.total(), 90);
+    replies.assert_each_once(30, 3);
     println!(
         "failover after SIGSTOP of a runner (lease 1.2 s, sweep 200 ms): {:?}",
         replies.failover(&moved, paused_at)
@@ -731,13 +731,7 @@ async fn restarting_nats_mid_load_answers_every_accepted_message_once() {
 
     // Assert
     wait_quiet(&js, &pool).await;
-    for s in 0..20 {
-        for m in 0..3 {
-            let tag = format!("m-s{s:02}-{m}");
-            assert_eq!(replies.count(&tag), 1, "replies to {tag}");
-        }
-    }
-    assert_eq!(replies.total(), 60);
+    replies.assert_each_once(20, 3);
     assert_tables(&pool, 60).await;
     capture.abort();
     stack.stop_all(Duration::from_secs(10)).await;
@@ -784,13 +778,7 @@ async fn restarting_postgres_mid_load_loses_nothing_and_memory_recovers_by_itsel
     // Assert
     let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
     wait_quiet(&js, &pool).await;
-    for s in 0..20 {
-        for m in 0..3 {
-            let tag = format!("m-s{s:02}-{m}");
-            assert_eq!(replies.count(&tag), 1, "replies to {tag}");
-        }
-    }
-    assert_eq!(replies.total(), 60);
+    replies.assert_each_once(20, 3);
     assert_tables(&pool, 60).await;
     pool.close().await;
     capture.abort();

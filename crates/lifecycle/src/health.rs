@@ -179,13 +179,7 @@ impl Health {
                 0.001, 2.0, 16,
             ))
         }
-        once(
-            &self.inner.histograms,
-            &self.inner.registry,
-            name,
-            || HistogramFamily::new_with_constructor(seconds),
-            |registry, family| registry.register(name, help_text(help), family),
-        )
+        self.histograms_of(name, help, seconds)
     }
 
     /// Registers (or returns the existing) family of labelled histograms of counts (a batch's
@@ -196,11 +190,16 @@ impl Health {
                 1.0, 2.0, 11,
             ))
         }
+        self.histograms_of(name, help, sizes)
+    }
+
+    /// Registers (or returns the existing) family of histograms each made by `make`.
+    fn histograms_of(&self, name: &str, help: &str, make: fn() -> Histogram) -> HistogramFamily {
         once(
             &self.inner.histograms,
             &self.inner.registry,
             name,
-            || HistogramFamily::new_with_constructor(sizes),
+            || HistogramFamily::new_with_constructor(make),
             |registry, family| registry.register(name, help_text(help), family),
         )
     }
