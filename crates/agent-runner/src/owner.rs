@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -235,19 +236,66 @@ async fn renew(
 ) {
     let ttl = replica.lease_ttl_ms().max(30);
     let every = Duration::from_millis(u64::from(ttl / 3));
+    let ttl_span = Duration::from_millis(u64::from(ttl));
+    // Granted by the claim a moment ago; counted from here the TTL ends late by that call's
+    // time, small against the TTL.
+    let mut renewed_at = Instant::now();
     loop {
         tokio::time::sleep(every).await;
-        match replica.memory.renew(&session_id, epoch, ttl).await {
-            Ok(true) => {}
-            Ok(false) => {
+        let sent = Instant::now();
+        // Waited for only while the lease could still be held: across a cut link a call hangs
+        // until TCP gives up, minutes later. A slow link's late answer still counts.
+        let outcome = tokio::time::timeout_at(
+            renewed_at + ttl_span,
+            replica.memory.renew(&session_id, epoch, ttl),
+        )
+        .await;
+        match outcome {
+            Ok(Ok(true)) => renewed_at = sent,
+            Ok(Ok(false)) => {
                 lease_lost.cancel();
                 return;
             }
-            Err(err) => {
-                // One failed renewal is not a lost lease; the next tick tries again well before
-                // the lease runs out.
-                tracing::warn!(error = %err, "lease renewal failed");
-            }
+            // One failed renewal is not a lost lease; the next tick tries again well before
+            // the lease runs out.
+            Ok(Err(err)) => tracing::warn!(error = %err, "lease renewal failed"),
+            Err(_) => {}
         }
+        if lease_may_have_run_out(renewed_at, Instant::now(), ttl_span) {
+            // Memory may have given the session to another replica by now. Its writes would
+            // be refused, but a tool call or a model call would not: stop them here.
+            tracing::warn!(
+                unrenewed_ms = renewed_at.elapsed().as_millis() as u64,
+                "lease not renewed for its whole TTL, giving the session up"
+            );
+            lease_lost.cancel();
+            return;
+        }
+    }
+}
+
+/// Whether a lease last renewed by a call sent at `renewed_at` may have run out at `now`:
+/// memory counts the TTL from when it got the call, which is no earlier than the send.
+fn lease_may_have_run_out(renewed_at: Instant, now: Instant, ttl: Duration) -> bool {
+    now.saturating_duration_since(renewed_at) >= ttl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_counts_as_run_out_a_whole_ttl_after_the_last_renewal_was_sent() {
+        let sent = Instant::now();
+        let ttl = Duration::from_millis(1200);
+        assert!(!lease_may_have_run_out(sent, sent, ttl));
+        assert!(!lease_may_have_run_out(
+            sent,
+            sent + Duration::from_millis(1199),
+            ttl
+        ));
+        assert!(lease_may_have_run_out(sent, sent + ttl, ttl));
+        // A clock read before the send (another thread's) is not a negative age.
+        assert!(!lease_may_have_run_out(sent + ttl, sent, ttl));
     }
 }

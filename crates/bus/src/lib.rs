@@ -86,6 +86,7 @@ impl Bus {
             })
             .name(format!("agentloop-{service}"))
             .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .ping_interval(Duration::from_millis(config.ping_interval_ms.max(100)))
             .connect(seeds)
             .await
             .map_err(|source| BusError::Connect {

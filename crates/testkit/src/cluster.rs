@@ -1,6 +1,7 @@
 //! A three-node nats-server cluster on loopback, the way production runs NATS: JetStream on
 //! every node, streams replicated, every write synced to disk (`sync_interval: always`). A test
-//! kills a node with SIGKILL (the leader of a stream, say) and can start it again.
+//! kills a node with SIGKILL (the leader of a stream, say) and can start it again. A
+//! [`ClusterPlan`] places nodes on other hosts (network namespaces) or behind proxies.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,10 +11,74 @@ use anyhow::{Context as _, bail};
 
 use crate::{free_port, nats_server_bin};
 
+/// Where and how one node runs: its address, its namespace (a "host", see [`crate::Hosts`]),
+/// its ports, the route URLs it dials and the one it advertises to the others.
+#[derive(Debug, Clone)]
+pub struct NodePlan {
+    /// `n1`, `n2`, …
+    pub name: String,
+    /// The address it listens on.
+    pub ip: String,
+    /// The network namespace it runs in; `None` is the test's own.
+    pub netns: Option<String>,
+    /// Client port.
+    pub port: u16,
+    /// Route (cluster) port.
+    pub route_port: u16,
+    /// Route URLs it dials (every node's, its own included, by default).
+    pub routes: Vec<String>,
+    /// The route URL it tells the others to dial it at (a proxy in front of it, say).
+    pub advertise: Option<String>,
+}
+
+/// The nodes of a cluster before they start, so a test can put proxies in front of ports.
+#[derive(Debug, Clone)]
+pub struct ClusterPlan {
+    /// One entry per node.
+    pub nodes: Vec<NodePlan>,
+}
+
+impl ClusterPlan {
+    /// `size` nodes on loopback.
+    ///
+    /// # Errors
+    /// When no free port is left.
+    pub fn loopback(size: usize) -> anyhow::Result<Self> {
+        Self::placed(&vec![("127.0.0.1".to_owned(), None); size])
+    }
+
+    /// One node per `(ip, netns)`; ports picked free on loopback, which a fresh namespace also
+    /// has free.
+    ///
+    /// # Errors
+    /// When no free port is left.
+    pub fn placed(places: &[(String, Option<String>)]) -> anyhow::Result<Self> {
+        let mut nodes = Vec::new();
+        for (i, (ip, netns)) in places.iter().enumerate() {
+            nodes.push(NodePlan {
+                name: format!("n{}", i + 1),
+                ip: ip.clone(),
+                netns: netns.clone(),
+                port: free_port()?,
+                route_port: free_port()?,
+                routes: Vec::new(),
+                advertise: None,
+            });
+        }
+        let routes: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("nats://{}:{}", n.ip, n.route_port))
+            .collect();
+        for node in &mut nodes {
+            node.routes.clone_from(&routes);
+        }
+        Ok(Self { nodes })
+    }
+}
+
 /// One node of a [`NatsCluster`].
 struct Node {
-    name: String,
-    port: u16,
+    plan: NodePlan,
     conf: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -22,7 +87,15 @@ struct Node {
 impl Node {
     fn spawn(&mut self) -> anyhow::Result<()> {
         let bin = nats_server_bin();
-        let child = Command::new(&bin)
+        let mut command = match &self.plan.netns {
+            Some(netns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", netns]).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let child = command
             .arg("-c")
             .arg(&self.conf)
             .stdout(Stdio::null())
@@ -31,6 +104,10 @@ impl Node {
             .with_context(|| format!("failed to start {}", bin.display()))?;
         self.child = Some(child);
         Ok(())
+    }
+
+    fn url(&self) -> String {
+        format!("nats://{}:{}", self.plan.ip, self.plan.port)
     }
 }
 
@@ -41,38 +118,31 @@ pub struct NatsCluster {
 }
 
 impl NatsCluster {
-    /// Starts `size` nodes and waits until JetStream has a meta leader.
+    /// Starts `size` nodes on loopback and waits until JetStream has a meta leader.
     ///
     /// # Errors
     /// When a node cannot start or the cluster does not form in 30 s.
     pub async fn start(size: usize) -> anyhow::Result<Self> {
+        Self::start_plan(ClusterPlan::loopback(size)?).await
+    }
+
+    /// Starts the nodes of `plan` and waits until JetStream has a meta leader.
+    ///
+    /// # Errors
+    /// When a node cannot start or the cluster does not form in 30 s.
+    pub async fn start_plan(plan: ClusterPlan) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "agentloop-nats-cluster-{}",
             uuid::Uuid::new_v4().simple()
         ));
         std::fs::create_dir_all(&dir)?;
-        let mut client_ports = Vec::new();
-        let mut route_ports = Vec::new();
-        for _ in 0..size {
-            client_ports.push(free_port()?);
-            route_ports.push(free_port()?);
-        }
-        let routes: Vec<String> = route_ports
-            .iter()
-            .map(|p| format!("nats://127.0.0.1:{p}"))
-            .collect();
         let mut nodes = Vec::new();
-        for i in 0..size {
-            let name = format!("n{}", i + 1);
-            let conf = dir.join(format!("{name}.conf"));
-            let log = dir.join(format!("{name}.log"));
-            std::fs::write(
-                &conf,
-                node_config(&name, client_ports[i], route_ports[i], &routes, &dir, &log),
-            )?;
+        for plan in plan.nodes {
+            let conf = dir.join(format!("{}.conf", plan.name));
+            let log = dir.join(format!("{}.log", plan.name));
+            std::fs::write(&conf, node_config(&plan, &dir, &log))?;
             nodes.push(Node {
-                name,
-                port: client_ports[i],
+                plan,
                 conf,
                 log,
                 child: None,
@@ -90,7 +160,7 @@ impl NatsCluster {
     pub fn urls(&self) -> String {
         self.nodes
             .iter()
-            .map(|n| format!("nats://127.0.0.1:{}", n.port))
+            .map(Node::url)
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -100,24 +170,24 @@ impl NatsCluster {
     /// # Panics
     /// When no node has that name.
     pub fn url_of(&self, name: &str) -> String {
-        format!("nats://127.0.0.1:{}", self.node(name).port)
+        self.node(name).url()
     }
 
     /// Returns the node names (`n1`, `n2`, …).
     pub fn names(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.name.clone()).collect()
+        self.nodes.iter().map(|n| n.plan.name.clone()).collect()
     }
 
     fn node(&self, name: &str) -> &Node {
         self.nodes
             .iter()
-            .find(|n| n.name == name)
+            .find(|n| n.plan.name == name)
             .unwrap_or_else(|| panic!("no node {name}"))
     }
 
     /// Kills a node with SIGKILL, keeping its store, as a crashed host would.
     pub fn kill(&mut self, name: &str) {
-        if let Some(node) = self.nodes.iter_mut().find(|n| n.name == name)
+        if let Some(node) = self.nodes.iter_mut().find(|n| n.plan.name == name)
             && let Some(mut child) = node.child.take()
         {
             let _ = child.kill();
@@ -133,7 +203,7 @@ impl NatsCluster {
         let node = self
             .nodes
             .iter_mut()
-            .find(|n| n.name == name)
+            .find(|n| n.plan.name == name)
             .with_context(|| format!("no node {name}"))?;
         if node.child.is_none() {
             node.spawn()?;
@@ -147,7 +217,11 @@ impl NatsCluster {
     /// When no live node answers or the stream has no leader.
     pub async fn stream_leader(&self, stream: &str) -> anyhow::Result<String> {
         for node in self.nodes.iter().filter(|n| n.child.is_some()) {
-            let Ok(client) = async_nats::connect(format!("nats://127.0.0.1:{}", node.port)).await
+            // A node cut off by a partition never answers the connect: a short timeout.
+            let Ok(client) = async_nats::ConnectOptions::new()
+                .connection_timeout(Duration::from_millis(500))
+                .connect(node.url())
+                .await
             else {
                 continue;
             };
@@ -173,7 +247,7 @@ impl NatsCluster {
                 let text = std::fs::read_to_string(&n.log).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(40).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
-                format!("--- {} ---\n{}", n.name, tail.join("\n"))
+                format!("--- {} ---\n{}", n.plan.name, tail.join("\n"))
             })
             .collect::<Vec<_>>()
             .join("\n")
@@ -213,27 +287,30 @@ impl Drop for NatsCluster {
     }
 }
 
-/// One node's configuration: its client port, its route port and every node's route.
-fn node_config(
-    name: &str,
-    port: u16,
-    route_port: u16,
-    routes: &[String],
-    dir: &Path,
-    log: &Path,
-) -> String {
-    let store = dir.join(name);
-    let routes = routes
+/// One node's configuration: its client and route listeners, the routes it dials.
+fn node_config(plan: &NodePlan, dir: &Path, log: &Path) -> String {
+    let store = dir.join(&plan.name);
+    let routes = plan
+        .routes
         .iter()
         .map(|r| format!("\"{r}\""))
         .collect::<Vec<_>>()
         .join(", ");
+    let advertise = plan
+        .advertise
+        .as_ref()
+        .map(|a| format!("  advertise: \"{a}\"\n"))
+        .unwrap_or_default();
     format!(
         "server_name: {name}\n\
-         listen: \"127.0.0.1:{port}\"\n\
+         listen: \"{ip}:{port}\"\n\
          log_file: \"{log}\"\n\
          jetstream {{\n  store_dir: \"{store}\"\n  sync_interval: always\n}}\n\
-         cluster {{\n  name: agentloop-test\n  listen: \"127.0.0.1:{route_port}\"\n  routes: [{routes}]\n}}\n",
+         cluster {{\n  name: agentloop-test\n  listen: \"{ip}:{route_port}\"\n{advertise}  routes: [{routes}]\n  no_advertise: true\n}}\n",
+        name = plan.name,
+        ip = plan.ip,
+        port = plan.port,
+        route_port = plan.route_port,
         log = log.display(),
         store = store.display(),
     )

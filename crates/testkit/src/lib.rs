@@ -5,10 +5,14 @@
 
 pub mod certs;
 mod cluster;
+mod delay;
+mod netns;
 mod postgres;
 mod process;
 
-pub use cluster::NatsCluster;
+pub use cluster::{ClusterPlan, NatsCluster, NodePlan};
+pub use delay::{DelayProxy, Latency};
+pub use netns::{Host, Hosts};
 pub use postgres::{PrivatePostgres, postgres_bin_dir};
 pub use process::{ServiceProcess, http_status};
 

@@ -30,7 +30,33 @@ impl ServiceProcess {
         name: &str,
         env: &[(String, String)],
     ) -> anyhow::Result<Self> {
-        let admin = format!("127.0.0.1:{}", crate::free_port()?);
+        Self::spawn_on(bin, service, name, env, None)
+    }
+
+    /// Like [`ServiceProcess::spawn`], on another "host": in network namespace `host.netns`,
+    /// its admin endpoints on `host.ip` (reachable from the test while the host's link is up).
+    ///
+    /// # Errors
+    /// When the process cannot be started.
+    pub fn spawn_in(
+        bin: &Path,
+        service: &str,
+        name: &str,
+        env: &[(String, String)],
+        host: &crate::Host,
+    ) -> anyhow::Result<Self> {
+        Self::spawn_on(bin, service, name, env, Some(host))
+    }
+
+    fn spawn_on(
+        bin: &Path,
+        service: &str,
+        name: &str,
+        env: &[(String, String)],
+        host: Option<&crate::Host>,
+    ) -> anyhow::Result<Self> {
+        let ip = host.map_or("127.0.0.1", |h| h.ip.as_str());
+        let admin = format!("{ip}:{}", crate::free_port()?);
         let log = std::env::temp_dir().join(format!(
             "agentloop-{name}-{}.log",
             uuid::Uuid::new_v4().simple()
@@ -42,7 +68,14 @@ impl ServiceProcess {
         } else {
             format!("AGENTLOOP_{}__ADMIN_LISTEN", service.to_ascii_uppercase())
         };
-        let mut command = Command::new(bin);
+        let mut command = match host {
+            Some(host) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &host.netns]).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         command
             .arg(service)
             .env_clear()

@@ -1,3 +1,4 @@
 //! Helpers shared by the fault tests.
 
 pub mod history;
+pub mod load;

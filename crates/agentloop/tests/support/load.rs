@@ -1,0 +1,284 @@
+//! Load for the fault tests on a NATS cluster: sessions publishing tagged follow-ups, each
+//! until acknowledged; replies kept by a capture stream of the test's own on
+//! `agentloop.deliver.>`; and the verdict: the history checker over what was accepted and
+//! replied, and the tables. Each fault test is: start a [`Load`], fault, [`verify`].
+#![allow(dead_code)] // each test binary that includes this uses some of it
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_nats::jetstream;
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+
+use agentloop_testkit::wait_until;
+
+use super::history::{History, Reply, check_tables};
+
+/// The capture stream's name.
+pub const CAPTURE: &str = "TEST_CAPTURE";
+
+/// Creates the capture stream with `replicas` copies of every reply.
+pub async fn create_capture(js: &jetstream::Context, replicas: usize) {
+    js.create_stream(jetstream::stream::Config {
+        name: CAPTURE.into(),
+        subjects: vec!["agentloop.deliver.>".into()],
+        storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// A client of the cluster the way the services are: every seed, and a dead connection
+/// noticed in seconds (a partitioned node sends no reset).
+pub async fn connect(urls: &str) -> jetstream::Context {
+    let client = async_nats::ConnectOptions::new()
+        .ping_interval(Duration::from_secs(1))
+        .connection_timeout(Duration::from_secs(1))
+        .connect(urls.split(',').collect::<Vec<_>>())
+        .await
+        .unwrap();
+    jetstream::new(client)
+}
+
+/// Sessions sending their follow-ups in order, each once the one before was acknowledged.
+pub struct Load {
+    accepted: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
+    acks: Arc<tokio::sync::Semaphore>,
+    senders: tokio::task::JoinSet<()>,
+    /// How many messages the load sends in all.
+    pub total: usize,
+}
+
+impl Load {
+    /// Starts `sessions` × `per_session` messages tagged `t-sSS-mMM`; `directives` (the fake
+    /// model's, e.g. `[[delay_ms:200]]`) follow each tag.
+    pub fn start(
+        js: &jetstream::Context,
+        prefix: &str,
+        sessions: usize,
+        per_session: usize,
+        directives: &str,
+    ) -> Self {
+        let accepted: Arc<Mutex<BTreeMap<String, Vec<String>>>> = Arc::default();
+        let acks = Arc::new(tokio::sync::Semaphore::new(0));
+        let mut senders = tokio::task::JoinSet::new();
+        for s in 0..sessions {
+            let (js, accepted, acks) = (js.clone(), accepted.clone(), acks.clone());
+            let session = format!("{prefix}:s{s:02}");
+            let directives = directives.to_owned();
+            senders.spawn(async move {
+                for m in 0..per_session {
+                    let tag = format!("t-s{s:02}-m{m:02}");
+                    publish_until_acked(&js, &session, &tag, &directives).await;
+                    accepted
+                        .lock()
+                        .unwrap()
+                        .entry(session.clone())
+                        .or_default()
+                        .push(tag);
+                    acks.add_permits(1);
+                }
+            });
+        }
+        Self {
+            accepted,
+            acks,
+            senders,
+            total: sessions * per_session,
+        }
+    }
+
+    /// Waits until `n` messages were acknowledged.
+    pub async fn acked(&self, n: usize) {
+        let _ = self.acks.acquire_many(n as u32).await.unwrap();
+        self.acks.add_permits(n);
+    }
+
+    /// Waits until every message was acknowledged; returns them by session in order.
+    pub async fn finish(mut self) -> BTreeMap<String, Vec<String>> {
+        while let Some(done) = self.senders.join_next().await {
+            done.unwrap();
+        }
+        self.accepted.lock().unwrap().clone()
+    }
+}
+
+/// Publishes until JetStream acknowledges; a retry carries the same message id, so a message
+/// whose acknowledgement was lost is stored once.
+async fn publish_until_acked(js: &jetstream::Context, session: &str, tag: &str, directives: &str) {
+    let text = format!("{tag} {directives}");
+    let body = json!({"sessionKey": session, "text": text.trim(), "idempotencyKey": tag, "queueMode": "followup"})
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", tag);
+        let acked = match js
+            .publish_with_headers("agentloop.inbound.cli", headers, body.clone().into())
+            .await
+        {
+            Ok(ack) => ack.await.is_ok(),
+            Err(_) => false,
+        };
+        if acked {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{tag} never accepted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the capture stream holds `n` replies.
+pub async fn replies_stored(js: &jetstream::Context, n: u64, within: Duration) -> bool {
+    wait_until("replies stored", within, || {
+        let js = js.clone();
+        async move {
+            let mut stream = js.get_stream(CAPTURE).await.ok()?;
+            (stream.info().await.ok()?.state.messages >= n).then_some(())
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Whether a fault test holds the follow-up order to account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// A session's replies must come in its acceptance order.
+    Asserted,
+    /// Counted and printed only. A delivery lost with a connection to a node that went away
+    /// comes again only after `bus.ack_wait_ms`, and the session's later messages overtake it
+    /// (issue 28): where a fault always cuts connections, order is not yet kept.
+    Reported,
+}
+
+/// The outcome of a fault test, checked: prints the figures (`--no-capture` shows them) and
+/// panics with `logs` when a guarantee broke. Returns the history for figures of the caller's.
+pub async fn verify(
+    js: &jetstream::Context,
+    pool: &sqlx::PgPool,
+    accepted: BTreeMap<String, Vec<String>>,
+    fault_at: SystemTime,
+    (what, order): (&str, Order),
+    logs: impl FnOnce() -> String,
+) -> History {
+    let total: usize = accepted.values().map(Vec::len).sum();
+    let stored = replies_stored(js, total as u64, Duration::from_secs(90)).await;
+    // A late duplicate would show up in the moments after the last reply.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let history = History {
+        accepted,
+        replies: read_capture(js).await,
+    };
+    let mut findings = history.check();
+    let reordered = findings.out_of_order.len();
+    if order == Order::Reported {
+        findings.out_of_order.clear();
+    }
+    let first_after = history
+        .replies
+        .iter()
+        .find(|r| r.at > fault_at)
+        .and_then(|r| r.at.duration_since(fault_at).ok());
+    println!(
+        "{what}: {} replies for {total} accepted; lost {}, duplicated {}, out of order {}; \
+         longest pause {:?}; first reply {:?} after the fault",
+        history.replies.len(),
+        findings.lost.len(),
+        findings.duplicated.len(),
+        reordered,
+        findings.longest_pause,
+        first_after,
+    );
+    if !findings.ok() || reordered > 0 {
+        let order: Vec<(String, String)> = sqlx::query_as(
+            "SELECT s.key, string_agg(split_part(t.content, ' ', 1), ' ' ORDER BY t.seq) \
+             FROM transcript_entries t JOIN sessions s ON s.id = t.session_id \
+             WHERE t.role = 'user' GROUP BY s.key ORDER BY s.key",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        println!("user entries of each session, in transcript order: {order:?}");
+    }
+    assert!(
+        stored && findings.ok(),
+        "guarantees broken ({what}): {findings:?}\n{}",
+        logs()
+    );
+    let all_tags: Vec<String> = history.accepted.values().flatten().cloned().collect();
+    let broken = check_tables(pool, &all_tags).await;
+    assert!(broken.is_empty(), "tables ({what}): {broken:?}");
+    history
+}
+
+/// Reads every reply the capture stream stored, in stream order.
+pub async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
+    // With a node down, the cluster may still be moving leaders: asked again until it answers.
+    let consumer: jetstream::consumer::PullConsumer = wait_until(
+        "a reader of the capture stream",
+        Duration::from_secs(30),
+        || {
+            let js = js.clone();
+            async move {
+                js.get_stream(CAPTURE)
+                    .await
+                    .ok()?
+                    .create_consumer(jetstream::consumer::pull::Config {
+                        ack_policy: jetstream::consumer::AckPolicy::None,
+                        ..Default::default()
+                    })
+                    .await
+                    .ok()
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let pending = consumer.cached_info().num_pending;
+    let mut replies = Vec::new();
+    let mut messages = consumer.messages().await.unwrap();
+    let mut failed_pulls = 0;
+    while (replies.len() as u64) < pending {
+        let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("the capture stream hands out what it holds")
+            .expect("the pull stream ended");
+        // A pull that finds the stream between leaders gets "no responders"; the stream
+        // pulls again by itself.
+        let msg = match next {
+            Ok(msg) => msg,
+            Err(err) => {
+                failed_pulls += 1;
+                assert!(
+                    failed_pulls < 50,
+                    "the capture stream never answered: {err}"
+                );
+                eprintln!("pulling the capture stream again after: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let at: SystemTime = msg.info().unwrap().published.into();
+        let body: Value = serde_json::from_slice(&msg.payload).unwrap();
+        let text = body["text"].as_str().unwrap_or_default();
+        let tag = text
+            .strip_prefix("echo: ")
+            .unwrap_or(text)
+            .trim()
+            .to_owned();
+        replies.push(Reply { tag, at });
+    }
+    replies
+}
+
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
