@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a failed fixture should panic the test
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +22,7 @@ use agentloop_testkit::{
     NatsServer, PrivatePostgres, ServiceProcess, TestDatabase, free_port, wait_until,
 };
 use agentloop_tool_server::{RemoteTool, ToolServer};
+use support::load::{self, in_flight_of};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentloop");
 const READY: Duration = Duration::from_secs(30);
@@ -235,27 +238,7 @@ impl Replies {
 
 /// Publishes a message until JetStream acknowledges it (the message is then accepted).
 async fn send(js: &jetstream::Context, session: &str, tag: &str, directives: &str) {
-    let body = json!({
-        "sessionKey": session,
-        "text": format!("{tag} {directives}"),
-        "idempotencyKey": tag,
-    })
-    .to_string();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let acked = match js
-            .publish("agentloop.inbound.cli", body.clone().into())
-            .await
-        {
-            Ok(ack) => ack.await.is_ok(),
-            Err(_) => false,
-        };
-        if acked {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{tag} never accepted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    load::publish_until_acked(js, session, tag, directives, None).await;
 }
 
 /// A runs-table row as the invariant checks read it.
@@ -438,18 +421,6 @@ async fn assert_tables(db: &sqlx::PgPool, expected_runs: usize) -> Vec<(String, 
     }
     assert_eq!(by_run.len(), expected_runs, "every run has a transcript");
     runs.into_iter().map(|r| (r.6, r.5)).collect()
-}
-
-/// The inputs (tags) of the runs `owner` has in flight.
-async fn in_flight_of(db: &sqlx::PgPool, owner: &str) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT idempotency_key FROM runs WHERE finished_at IS NULL AND owner = $1 \
-         AND idempotency_key IS NOT NULL",
-    )
-    .bind(owner)
-    .fetch_all(db)
-    .await
-    .unwrap_or_default()
 }
 
 async fn running_owned_by(db: &sqlx::PgPool, owner: &str) -> i64 {

@@ -21,7 +21,7 @@ use agentloop_testkit::{
     ClusterPlan, DelayProxy, Hosts, Latency, NatsCluster, PrivatePostgres, ServiceProcess,
     TestDatabase, free_port, wait_until,
 };
-use support::load::{self, Load, Order};
+use support::load::{self, Load, Order, in_flight_of};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentloop");
 const READY: Duration = Duration::from_secs(60);
@@ -129,18 +129,6 @@ fn stack_env(
         ("AGENTLOOP_RUNNER__LEASE_TTL_MS".into(), lease_ms.into()),
         ("AGENTLOOP_RUNNER__SWEEP_INTERVAL_MS".into(), "200".into()),
     ]
-}
-
-/// The inputs (tags) of the runs `owner` has in flight.
-async fn in_flight_of(pool: &sqlx::PgPool, owner: &str) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT idempotency_key FROM runs WHERE finished_at IS NULL AND owner = $1 \
-         AND idempotency_key IS NOT NULL",
-    )
-    .bind(owner)
-    .fetch_all(pool)
-    .await
-    .unwrap_or_default()
 }
 
 /// Runs of `owner`, and runs taken up again after an owner lost them.

@@ -74,7 +74,7 @@ impl Load {
             senders.spawn(async move {
                 for m in 0..per_session {
                     let tag = format!("t-s{s:02}-m{m:02}");
-                    publish_until_acked(&js, &session, &tag, &directives).await;
+                    publish_until_acked(&js, &session, &tag, &directives, Some("followup")).await;
                     accepted
                         .lock()
                         .unwrap()
@@ -109,11 +109,20 @@ impl Load {
 }
 
 /// Publishes until JetStream acknowledges; a retry carries the same message id, so a message
-/// whose acknowledgement was lost is stored once.
-async fn publish_until_acked(js: &jetstream::Context, session: &str, tag: &str, directives: &str) {
+/// whose acknowledgement was lost is stored once. `queue_mode` `None` leaves the channel's.
+pub async fn publish_until_acked(
+    js: &jetstream::Context,
+    session: &str,
+    tag: &str,
+    directives: &str,
+    queue_mode: Option<&str>,
+) {
     let text = format!("{tag} {directives}");
-    let body = json!({"sessionKey": session, "text": text.trim(), "idempotencyKey": tag, "queueMode": "followup"})
-        .to_string();
+    let mut body = json!({"sessionKey": session, "text": text.trim(), "idempotencyKey": tag});
+    if let Some(mode) = queue_mode {
+        body["queueMode"] = mode.into();
+    }
+    let body = body.to_string();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let mut headers = async_nats::HeaderMap::new();
@@ -131,6 +140,18 @@ async fn publish_until_acked(js: &jetstream::Context, session: &str, tag: &str, 
         assert!(Instant::now() < deadline, "{tag} never accepted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The inputs (tags) of the runs `owner` has in flight.
+pub async fn in_flight_of(pool: &sqlx::PgPool, owner: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT idempotency_key FROM runs WHERE finished_at IS NULL AND owner = $1 \
+         AND idempotency_key IS NOT NULL",
+    )
+    .bind(owner)
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default()
 }
 
 /// Waits until the capture stream holds `n` replies.
