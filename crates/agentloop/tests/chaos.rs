@@ -183,13 +183,7 @@ impl Replies {
                     if !fresh {
                         continue;
                     }
-                    let body: Value = serde_json::from_slice(&msg.payload).unwrap();
-                    let text = body["text"].as_str().unwrap_or_default();
-                    let tag = text
-                        .strip_prefix("echo: ")
-                        .unwrap_or(text)
-                        .trim()
-                        .to_owned();
+                    let tag = load::reply_tag(&msg.payload);
                     sink.first_at
                         .lock()
                         .unwrap()

@@ -286,16 +286,22 @@ pub async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
             }
         };
         let at: SystemTime = msg.info().unwrap().published.into();
-        let body: Value = serde_json::from_slice(&msg.payload).unwrap();
-        let text = body["text"].as_str().unwrap_or_default();
-        let tag = text
-            .strip_prefix("echo: ")
-            .unwrap_or(text)
-            .trim()
-            .to_owned();
-        replies.push(Reply { tag, at });
+        replies.push(Reply {
+            tag: reply_tag(&msg.payload),
+            at,
+        });
     }
     replies
+}
+
+/// The tag a delivered reply answers: the fake model echoes it (`echo: <tag>`).
+pub fn reply_tag(payload: &[u8]) -> String {
+    let body: Value = serde_json::from_slice(payload).unwrap();
+    let text = body["text"].as_str().unwrap_or_default();
+    text.strip_prefix("echo: ")
+        .unwrap_or(text)
+        .trim()
+        .to_owned()
 }
 
 /// The last `lines` lines of `text`.
