@@ -5,6 +5,7 @@
 //! stays unacknowledged: JetStream delivers it again and the inbox absorbs any repeat.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use agentloop_proto::v1::{FlushRequest, InboxRow};
 
 use crate::memory::MemoryClient;
+use crate::order::CommandOrder;
 
 /// How long the first command of a batch waits for others before the flush: at most 20 flushes
 /// a second, and nobody waits for an ack.
@@ -24,13 +26,18 @@ const GATHER: Duration = Duration::from_millis(50);
 pub(crate) type AckSender = mpsc::UnboundedSender<(jetstream::Message, InboxRow)>;
 
 /// Starts the acknowledger; after `stop` it flushes and acknowledges what it holds, then ends.
-pub(crate) fn start(memory: MemoryClient, stop: CancellationToken) -> (AckSender, JoinHandle<()>) {
+pub(crate) fn start(
+    memory: MemoryClient,
+    order: Arc<CommandOrder>,
+    stop: CancellationToken,
+) -> (AckSender, JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    (tx, tokio::spawn(acknowledge(memory, rx, stop)))
+    (tx, tokio::spawn(acknowledge(memory, order, rx, stop)))
 }
 
 async fn acknowledge(
     memory: MemoryClient,
+    order: Arc<CommandOrder>,
     mut rx: mpsc::UnboundedReceiver<(jetstream::Message, InboxRow)>,
     stop: CancellationToken,
 ) {
@@ -56,7 +63,11 @@ async fn acknowledge(
             batch.push(msg);
         }
         if !batch.is_empty() {
-            flush_and_ack(&memory, &mut batch).await;
+            flush_and_ack(&memory, &batch).await;
+            // Acked or left for redelivery: either way no longer this replica's to account for.
+            for (msg, _) in batch.drain(..) {
+                order.settled(&msg);
+            }
         }
         if stopping {
             return;
@@ -64,7 +75,8 @@ async fn acknowledge(
     }
 }
 
-async fn flush_and_ack(memory: &MemoryClient, batch: &mut Vec<(jetstream::Message, InboxRow)>) {
+/// Acks the commands of `batch` whose rows are on disk; leaves the batch as it was.
+async fn flush_and_ack(memory: &MemoryClient, batch: &[(jetstream::Message, InboxRow)]) {
     let request = FlushRequest {
         rows: batch.iter().map(|(_, row)| row.clone()).collect(),
     };
@@ -81,12 +93,11 @@ async fn flush_and_ack(memory: &MemoryClient, batch: &mut Vec<(jetstream::Messag
                 commands = batch.len(),
                 "cannot confirm the inbox rows are on disk; leaving the commands for redelivery"
             );
-            batch.clear();
             return;
         }
     };
-    for (msg, row) in batch.drain(..) {
-        if !durable.contains(&(row.seq, row.idempotency_key)) {
+    for (msg, row) in batch {
+        if !durable.contains(&(row.seq, row.idempotency_key.clone())) {
             tracing::warn!(
                 seq = row.seq,
                 subject = %msg.subject,

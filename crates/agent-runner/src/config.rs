@@ -183,6 +183,10 @@ pub struct RunnerSettings {
     /// Sessions whose run commands are enqueued at once; each session's commands go one after
     /// another, in order.
     pub intake_concurrency: usize,
+    /// Enqueue a session's commands in their RUNS order whichever replica pulled each: a
+    /// command waits while an earlier one of its session is still in RUNS and not in the
+    /// inbox (one stream read per command). Off, a faster replica can enqueue a later one first.
+    pub keep_order: bool,
     /// Time given to in-flight runs on shutdown before they are cut.
     pub drain_timeout_ms: u64,
     /// Model turns per run unless the agent sets its own.
@@ -224,6 +228,7 @@ impl Default for RunnerSettings {
             system_prompt: "You are a helpful assistant.".to_owned(),
             run_timeout_ms: 600_000,
             intake_concurrency: 256,
+            keep_order: true,
             drain_timeout_ms: 25_000,
             max_turns: 24,
             tool_timeout_ms: 60_000,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use tracing::Instrument as _;
 
 use agentloop_bus::DeadReason;
 
@@ -15,6 +16,7 @@ use agentloop_proto::v1::{
 use agentloop_proto::{ControlAction, InboxKind, QueueMode};
 
 use crate::error::MemoryCallError;
+use crate::order::Turn;
 use crate::owner;
 use crate::replica::Replica;
 
@@ -28,8 +30,36 @@ fn inbox_kind(command: &RunCommand, agent_default: Option<QueueMode>) -> InboxKi
     }
 }
 
-/// Stores `command` in its session's inbox, then claims or wakes the session's owner.
+/// Stores `command` in its session's inbox once every earlier command of the session is there,
+/// then claims or wakes the session's owner.
 pub(crate) async fn take_in(replica: &Arc<Replica>, msg: jetstream::Message, command: RunCommand) {
+    match replica.order.check(&msg).await {
+        Turn::Now => enqueue(replica, msg, command).await,
+        Turn::After(_) | Turn::Unknown => {
+            // Out of the session's intake lane: the earlier command may come to this replica,
+            // queued in that lane behind this one.
+            let replica = replica.clone();
+            let tracker = replica.tracker.clone();
+            tracker.spawn(
+                async move {
+                    let started = std::time::Instant::now();
+                    if !replica.order.wait_turn(&msg, &replica.stopping).await {
+                        return;
+                    }
+                    tracing::info!(
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        "run command waited for an earlier one of its session"
+                    );
+                    enqueue(&replica, msg, command).await;
+                }
+                .instrument(tracing::Span::current()),
+            );
+        }
+    }
+}
+
+/// Stores `command` in its session's inbox, then claims or wakes the session's owner.
+async fn enqueue(replica: &Arc<Replica>, msg: jetstream::Message, command: RunCommand) {
     let agent_id = if command.agent_id.is_empty() {
         "main"
     } else {
@@ -86,6 +116,7 @@ pub(crate) async fn take_in(replica: &Arc<Replica>, msg: jetstream::Message, com
             seq: enqueued.seq,
             idempotency_key: command.idempotency_key.clone(),
         };
+        replica.order.enqueued(&msg);
         let _ = replica.acks.send((msg, row));
     }
     if enqueued.claimed {

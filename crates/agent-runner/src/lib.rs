@@ -22,6 +22,7 @@ mod intake;
 mod learn;
 mod learner;
 mod memory;
+mod order;
 mod owner;
 mod preview;
 mod prompt;

@@ -62,6 +62,8 @@ pub(crate) struct Replica {
     pub(crate) dead_letters: DeadLetters,
     /// Acknowledges run commands once their inbox rows are on disk.
     pub(crate) acks: AckSender,
+    /// Keeps a session's commands in their RUNS order across replicas.
+    pub(crate) order: Arc<crate::order::CommandOrder>,
     /// The transcript windows of recent sessions.
     histories: Mutex<HistoryCache>,
     /// The injection scanner for tool results (`None`: `scanner.enabled = false`).
@@ -113,6 +115,7 @@ pub(crate) struct Parts {
     pub(crate) metrics: Metrics,
     pub(crate) dead_letters: DeadLetters,
     pub(crate) acks: AckSender,
+    pub(crate) order: Arc<crate::order::CommandOrder>,
     pub(crate) learner: Option<Arc<crate::learner::Learner>>,
     pub(crate) scanner: Option<agentloop_scanner::Scanner>,
     pub(crate) guardian: crate::guardian::Guardian,
@@ -154,6 +157,7 @@ impl Replica {
             metrics: parts.metrics,
             dead_letters: parts.dead_letters,
             acks: parts.acks,
+            order: parts.order,
             histories: Mutex::new(HistoryCache::new(
                 config.runner.history_cache_entries,
                 config.runner.history_limit,

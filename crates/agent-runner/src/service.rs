@@ -43,8 +43,23 @@ pub(crate) async fn serve(
         &models,
         &config.memory.embeddings_model,
     )?);
+    let runs = if config.runner.keep_order {
+        let name = agentloop_bus::stream_name(&config.bus.prefix, StreamKind::Runs);
+        let stream = bus.jetstream().get_stream_no_info(name).await;
+        Some(stream.map_err(|err| agentloop_bus::BusError::Admin {
+            what: "open the runs stream".into(),
+            source: Box::new(err),
+        })?)
+    } else {
+        None
+    };
+    let order = Arc::new(crate::order::CommandOrder::new(
+        runs,
+        Duration::from_millis(config.bus.ack_wait_ms),
+        u32::try_from(config.bus.max_deliver).unwrap_or(u32::MAX),
+    ));
     let ack_stop = CancellationToken::new();
-    let (acks, acker) = crate::acks::start(memory.clone(), ack_stop.clone());
+    let (acks, acker) = crate::acks::start(memory.clone(), order.clone(), ack_stop.clone());
     let mut local_tools: Vec<Arc<dyn Tool>> = crate::tools::builtins();
     local_tools.extend(extensions.tools);
     local_tools.extend(crate::tools::mcp::connect_all(&config.mcp).await);
@@ -60,6 +75,7 @@ pub(crate) async fn serve(
             metrics: metrics(&health),
             dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
             acks,
+            order,
             learner: crate::learner::Learner::new(&config.memory)?,
             scanner: config.scanner.build()?,
             guardian: guardian(&config)?,

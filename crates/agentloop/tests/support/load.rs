@@ -238,8 +238,58 @@ pub async fn verify(
     history
 }
 
-/// Reads every reply the capture stream stored, in stream order.
+/// Reads every reply the capture stream stored, in stream order. A reader whose pulls stall
+/// (its consumer placed on a node that is slow or between leaders) is replaced by a new one
+/// starting after the last reply read.
 pub async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
+    let mut replies = Vec::new();
+    let mut next_seq = 1;
+    let mut total = None;
+    for attempt in 0..10 {
+        let Some((consumer, pending)) = capture_reader(js, next_seq).await else {
+            continue;
+        };
+        let total = *total.get_or_insert(replies.len() as u64 + pending);
+        let Ok(mut messages) = consumer.messages().await else {
+            continue;
+        };
+        while (replies.len() as u64) < total {
+            match tokio::time::timeout(Duration::from_secs(10), messages.next()).await {
+                Ok(Some(Ok(msg))) => {
+                    let info = msg.info().unwrap();
+                    next_seq = info.stream_sequence + 1;
+                    let at: SystemTime = info.published.into();
+                    replies.push(Reply {
+                        tag: reply_tag(&msg.payload),
+                        at,
+                    });
+                }
+                // "No responders" between leaders: the pull is sent again by itself.
+                Ok(Some(Err(err))) => {
+                    eprintln!("pulling the capture stream again after: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(None) | Err(_) => {
+                    eprintln!("capture reader {attempt} stalled; a new one from {next_seq}");
+                    break;
+                }
+            }
+        }
+        if (replies.len() as u64) >= total {
+            return replies;
+        }
+    }
+    panic!(
+        "the capture stream never handed out what it holds: {} read",
+        replies.len()
+    );
+}
+
+/// A reader of the capture stream from `start` and how many replies it has to read.
+async fn capture_reader(
+    js: &jetstream::Context,
+    start: u64,
+) -> Option<(jetstream::consumer::PullConsumer, u64)> {
     // With a node down, the cluster may still be moving leaders: asked again until it answers.
     let consumer: jetstream::consumer::PullConsumer = wait_until(
         "a reader of the capture stream",
@@ -252,6 +302,9 @@ pub async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
                     .ok()?
                     .create_consumer(jetstream::consumer::pull::Config {
                         ack_policy: jetstream::consumer::AckPolicy::None,
+                        deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                            start_sequence: start,
+                        },
                         ..Default::default()
                     })
                     .await
@@ -260,38 +313,9 @@ pub async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
         },
     )
     .await
-    .unwrap();
+    .ok()?;
     let pending = consumer.cached_info().num_pending;
-    let mut replies = Vec::new();
-    let mut messages = consumer.messages().await.unwrap();
-    let mut failed_pulls = 0;
-    while (replies.len() as u64) < pending {
-        let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
-            .await
-            .expect("the capture stream hands out what it holds")
-            .expect("the pull stream ended");
-        // A pull that finds the stream between leaders gets "no responders"; the stream
-        // pulls again by itself.
-        let msg = match next {
-            Ok(msg) => msg,
-            Err(err) => {
-                failed_pulls += 1;
-                assert!(
-                    failed_pulls < 50,
-                    "the capture stream never answered: {err}"
-                );
-                eprintln!("pulling the capture stream again after: {err}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let at: SystemTime = msg.info().unwrap().published.into();
-        replies.push(Reply {
-            tag: reply_tag(&msg.payload),
-            at,
-        });
-    }
-    replies
+    Some((consumer, pending))
 }
 
 /// The tag a delivered reply answers: the fake model echoes it (`echo: <tag>`).

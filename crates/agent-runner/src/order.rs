@@ -1,0 +1,206 @@
+//! A session's run commands enter its inbox in the order the router stored them in RUNS,
+//! whichever replica pulled each. Replicas pull a session's commands independently, and one
+//! that is slower to enqueue (a slow link, a connection that died with the delivery, which
+//! JetStream hands out again only after `bus.ack_wait_ms`) would otherwise let a later command
+//! run first. RUNS keeps a command until it is acked, and it is acked only once its inbox row
+//! is on disk; so before a command is enqueued, the session's first command still in RUNS
+//! (`<prefix>.run.<session>`, asked of the stream leader) must be this one or one this replica
+//! has already enqueued. Otherwise the command waits for its turn, at most
+//! [`CommandOrder::max_wait`]: past that the earlier command is taken as gone for good, and a
+//! session that never moves is worse than one answered out of order.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// What this replica knows about the RUNS order, and how to ask the stream for the rest.
+pub(crate) struct CommandOrder {
+    /// The RUNS stream; `None` when `runner.keep_order` is off.
+    runs: Option<jetstream::stream::Stream<()>>,
+    /// Per session subject: the highest RUNS sequence this replica enqueued and how many of
+    /// its enqueued commands still wait for their ack. Everything up to that sequence is in
+    /// the inbox; the entry goes once nothing of the session is unacked.
+    enqueued: Mutex<HashMap<String, Unacked>>,
+    max_wait: Duration,
+    progress_every: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Unacked {
+    highest: u64,
+    count: usize,
+}
+
+/// Whether a command may be enqueued now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Nothing earlier of its session is still outside the inbox.
+    Now,
+    /// Command `earlier` of its session is still in RUNS and not in the inbox.
+    After(u64),
+    /// The stream did not answer (an election, a missing permission).
+    Unknown,
+}
+
+/// The rule: `first` is the session's first command still in RUNS past what this replica
+/// enqueued; the command at `own` goes now unless that one comes before it.
+pub(crate) fn turn(own: u64, first: Option<u64>) -> Turn {
+    match first {
+        Some(earlier) if earlier < own => Turn::After(earlier),
+        _ => Turn::Now,
+    }
+}
+
+impl CommandOrder {
+    /// Asks `runs` (the RUNS stream; `None`: order not kept) for the order. A command waits
+    /// for an earlier one at most as long as JetStream keeps handing that one out
+    /// (`ack_wait` × `max_deliver`): by then it is in an inbox or a dead letter.
+    pub(crate) fn new(
+        runs: Option<jetstream::stream::Stream<()>>,
+        ack_wait: Duration,
+        max_deliver: u32,
+    ) -> Self {
+        Self {
+            runs,
+            enqueued: Mutex::default(),
+            max_wait: ack_wait * max_deliver.max(2),
+            progress_every: ack_wait / 3,
+        }
+    }
+
+    /// Whether `msg` (a RunCommand from RUNS) may be enqueued now: one read of the stream.
+    pub(crate) async fn check(&self, msg: &jetstream::Message) -> Turn {
+        let (Some(runs), Ok(info)) = (self.runs.as_ref(), msg.info()) else {
+            return Turn::Now;
+        };
+        let subject = msg.subject.as_str();
+        let after = self.highest_enqueued(subject).map_or(0, |s| s + 1);
+        let first = runs
+            .raw_message_builder()
+            .next_by_subject(subject)
+            .sequence(after)
+            .send()
+            .await;
+        let first = match first {
+            Ok(first) => Some(first.sequence),
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    jetstream::stream::RawMessageErrorKind::NoMessageFound
+                ) =>
+            {
+                None
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot read the session's first run command");
+                return Turn::Unknown;
+            }
+        };
+        turn(info.stream_sequence, first)
+    }
+
+    /// Checks `msg` again until its turn comes, keeping it from being handed to another
+    /// replica meanwhile; past the longest wait it goes anyway. `false` when `stop` came
+    /// first: the command is left unacknowledged, for redelivery.
+    pub(crate) async fn wait_turn(
+        &self,
+        msg: &jetstream::Message,
+        stop: &CancellationToken,
+    ) -> bool {
+        let started = Instant::now();
+        let mut progress_at = started + self.progress_every;
+        let mut pause = Duration::from_millis(2);
+        let mut unanswered_since: Option<Instant> = None;
+        loop {
+            let earlier = match self.check(msg).await {
+                Turn::Now => return true,
+                Turn::After(earlier) => {
+                    unanswered_since = None;
+                    earlier
+                }
+                Turn::Unknown => {
+                    let since = *unanswered_since.get_or_insert_with(Instant::now);
+                    // An election ends within seconds; a stream that stays silent longer (the
+                    // runner's NATS user may not read RUNS: `$JS.API.STREAM.MSG.GET`) must not
+                    // hold every session up.
+                    if since.elapsed() >= self.progress_every * 3 {
+                        tracing::warn!(
+                            "cannot read the runs stream to keep a session's order; going on \
+                             (does the runner's NATS user have $JS.API.STREAM.MSG.GET on it?)"
+                        );
+                        return true;
+                    }
+                    0
+                }
+            };
+            if started.elapsed() >= self.max_wait {
+                tracing::warn!(
+                    earlier,
+                    waited_ms = self.max_wait.as_millis() as u64,
+                    "an earlier run command of the session never reached the inbox; going on without it"
+                );
+                return true;
+            }
+            if Instant::now() >= progress_at {
+                // Still being worked on: JetStream must not hand it to another replica.
+                let _ = msg.ack_with(jetstream::AckKind::Progress).await;
+                progress_at = Instant::now() + self.progress_every;
+            }
+            tokio::select! {
+                () = stop.cancelled() => return false,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// Records that `msg`'s command is in the inbox, its ack to follow.
+    pub(crate) fn enqueued(&self, msg: &jetstream::Message) {
+        let Ok(info) = msg.info() else { return };
+        let mut enqueued = lock(&self.enqueued);
+        let entry = enqueued.entry(msg.subject.to_string()).or_insert(Unacked {
+            highest: 0,
+            count: 0,
+        });
+        entry.highest = entry.highest.max(info.stream_sequence);
+        entry.count += 1;
+    }
+
+    /// Records that `msg`'s command was acked or left for redelivery.
+    pub(crate) fn settled(&self, msg: &jetstream::Message) {
+        let mut enqueued = lock(&self.enqueued);
+        if let Some(entry) = enqueued.get_mut(msg.subject.as_str()) {
+            entry.count = entry.count.saturating_sub(1);
+            if entry.count == 0 {
+                enqueued.remove(msg.subject.as_str());
+            }
+        }
+    }
+
+    fn highest_enqueued(&self, subject: &str) -> Option<u64> {
+        lock(&self.enqueued).get(subject).map(|e| e.highest)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_waits_only_for_an_earlier_one_outside_the_inbox() {
+        assert_eq!(turn(10, None), Turn::Now);
+        assert_eq!(turn(10, Some(10)), Turn::Now);
+        assert_eq!(turn(10, Some(12)), Turn::Now);
+        assert_eq!(turn(10, Some(7)), Turn::After(7));
+    }
+}
