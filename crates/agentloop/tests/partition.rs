@@ -298,7 +298,7 @@ async fn a_slow_link_to_one_host_delays_its_work_and_loses_nothing() {
     }
     let memory_slow = slow(memory.clone()).await;
     let model_slow = slow(fake.base_url().trim_start_matches("http://").to_owned()).await;
-    for i in 1..=3 {
+    let runner = |i: usize| {
         let name = format!("runner-{i}");
         let mut env = env.clone();
         env.push(("AGENTLOOP_RUNNER__OWNER_ID".into(), name.clone()));
@@ -324,10 +324,27 @@ async fn a_slow_link_to_one_host_delays_its_work_and_loses_nothing() {
                 format!("http://{}/v1", model_slow.addr()),
             );
         }
-        processes.push(ServiceProcess::spawn(BIN.as_ref(), "runner", &name, &env).unwrap());
-    }
+        ServiceProcess::spawn(BIN.as_ref(), "runner", &name, &env).unwrap()
+    };
+    // The slow host's runner starts alone and takes the first sessions, so it has work
+    // whatever the faster runners take once they join.
+    processes.push(runner(2));
     for process in &mut processes {
         process.wait_ready(READY).await.unwrap();
+    }
+    let started_at = SystemTime::now();
+    let load = Load::start(&js, "slow", SESSIONS, PER_SESSION, "");
+    wait_until(
+        "runner-2 to run something",
+        Duration::from_secs(30),
+        || async { (runs_of(&pool, "runner-2").await.0 > 0).then_some(()) },
+    )
+    .await
+    .unwrap();
+    for i in [1, 3] {
+        let mut process = runner(i);
+        process.wait_ready(READY).await.unwrap();
+        processes.push(process);
     }
     let logs = || {
         let mut text = String::new();
@@ -341,8 +358,6 @@ async fn a_slow_link_to_one_host_delays_its_work_and_loses_nothing() {
         text + &cluster.logs()
     };
 
-    let started_at = SystemTime::now();
-    let load = Load::start(&js, "slow", SESSIONS, PER_SESSION, "");
     let accepted = load.finish().await;
     let history = load::verify(
         &js,
