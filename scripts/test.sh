@@ -10,6 +10,8 @@ ensure_postgres
 ensure_nextest
 # The TLS test makes its certificates with the openssl command.
 command -v openssl >/dev/null 2>&1 || { log "installing openssl"; apt-get install -y -qq openssl >/dev/null; }
+# The partition tests make "hosts" of network namespaces with iproute2's `ip` (as root).
+command -v ip >/dev/null 2>&1 || { log "installing iproute2"; apt-get install -y -qq iproute2 >/dev/null; }
 # A real Prometheus (Debian's package) for the metrics test.
 command -v prometheus >/dev/null 2>&1 || { log "installing prometheus"; apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 # Chromium and the pinned Python clients (openai, playwright) for the gateway's client tests.

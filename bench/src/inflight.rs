@@ -96,18 +96,8 @@ pub async fn run(options: &Options, run_dir: &Path) -> anyhow::Result<String> {
          (one connection per model call on HTTP/1.1)\n\n{table}\n{end}\n",
         begin = SECTION.begin,
         end = SECTION.end,
-        counts = options
-            .inflight
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(","),
-        times = options
-            .model_ms
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(","),
+        counts = commas(&options.inflight),
+        times = commas(&options.model_ms),
         date = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
         commit = crate::git_commit(),
         table = table(&rows),
@@ -295,4 +285,13 @@ fn table(rows: &[Row]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `1000,5000`: the values as the command line takes them.
+fn commas<T: ToString>(values: &[T]) -> String {
+    values
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }

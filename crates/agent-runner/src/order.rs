@@ -17,6 +17,8 @@ use async_nats::jetstream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::replica::lock;
+
 /// What this replica knows about the RUNS order, and how to ask the stream for the rest.
 pub(crate) struct CommandOrder {
     /// The RUNS stream; `None` when `runner.keep_order` is off.
@@ -103,9 +105,9 @@ impl CommandOrder {
         turn(info.stream_sequence, first)
     }
 
-    /// Checks `msg` again until its turn comes, keeping it from being handed to another
-    /// replica meanwhile; past the longest wait it goes anyway. `false` when `stop` came
-    /// first: the command is left unacknowledged, for redelivery.
+    /// Once `msg`'s turn was found not yet come, checks it again until it comes, keeping it
+    /// from being handed to another replica meanwhile; past the longest wait it goes anyway.
+    /// `false` when `stop` came first: the command is left unacknowledged, for redelivery.
     pub(crate) async fn wait_turn(
         &self,
         msg: &jetstream::Message,
@@ -116,6 +118,12 @@ impl CommandOrder {
         let mut pause = Duration::from_millis(2);
         let mut unanswered_since: Option<Instant> = None;
         loop {
+            // The caller has just found the command's turn not yet come.
+            tokio::select! {
+                () = stop.cancelled() => return false,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_millis(100));
             let earlier = match self.check(msg).await {
                 Turn::Now => return true,
                 Turn::After(earlier) => {
@@ -150,17 +158,14 @@ impl CommandOrder {
                 let _ = msg.ack_with(jetstream::AckKind::Progress).await;
                 progress_at = Instant::now() + self.progress_every;
             }
-            tokio::select! {
-                () = stop.cancelled() => return false,
-                () = tokio::time::sleep(pause) => {}
-            }
-            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 
     /// Records that `msg`'s command is in the inbox, its ack to follow.
     pub(crate) fn enqueued(&self, msg: &jetstream::Message) {
-        let Ok(info) = msg.info() else { return };
+        let (Some(_), Ok(info)) = (&self.runs, msg.info()) else {
+            return;
+        };
         let mut enqueued = lock(&self.enqueued);
         let entry = enqueued.entry(msg.subject.to_string()).or_insert(Unacked {
             highest: 0,
@@ -172,6 +177,9 @@ impl CommandOrder {
 
     /// Records that `msg`'s command was acked or left for redelivery.
     pub(crate) fn settled(&self, msg: &jetstream::Message) {
+        if self.runs.is_none() {
+            return;
+        }
         let mut enqueued = lock(&self.enqueued);
         if let Some(entry) = enqueued.get_mut(msg.subject.as_str()) {
             entry.count = entry.count.saturating_sub(1);
@@ -184,12 +192,6 @@ impl CommandOrder {
     fn highest_enqueued(&self, subject: &str) -> Option<u64> {
         lock(&self.enqueued).get(subject).map(|e| e.highest)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

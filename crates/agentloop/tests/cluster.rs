@@ -101,22 +101,12 @@ async fn under_load(fault: Fault<'_>) {
     let js = load::connect(&cluster.urls()).await;
     load::create_capture(&js, 3).await;
     let memory_port = free_port().unwrap();
-    let env: Vec<(String, String)> = vec![
-        ("NATS_URL".into(), cluster.urls()),
-        ("AGENTLOOP_BUS__REPLICAS".into(), "3".into()),
-        ("DATABASE_URL".into(), db.url().into()),
-        (
-            "AGENTLOOP_MEMORY__LISTEN".into(),
-            format!("127.0.0.1:{memory_port}"),
-        ),
-        (
-            "AGENTLOOP_MEMORY__URL".into(),
-            format!("http://127.0.0.1:{memory_port}"),
-        ),
-        ("OPENAI_BASE_URL".into(), fake.openai_base_url()),
-        ("AGENTLOOP_MODEL".into(), "openai/fake".into()),
-        ("AGENTLOOP_BUS__ACK_WAIT_MS".into(), "5000".into()),
-    ];
+    let env = load::cluster_env(
+        &cluster.urls(),
+        db.url(),
+        &format!("127.0.0.1:{memory_port}"),
+        &fake.openai_base_url(),
+    );
     let mut stack = ServiceProcess::spawn(BIN.as_ref(), "all", "all", &env).unwrap();
     stack
         .wait_ready(Duration::from_secs(60))

@@ -96,20 +96,31 @@ impl Spread {
     }
 
     fn logs(&self) -> String {
-        let mut text = String::new();
-        for process in self.central.iter().chain(self.runners.iter()) {
-            text.push_str(&format!(
-                "--- {} ---\n{}\n",
-                process.name(),
-                load::tail(&process.logs(), 40)
-            ));
-        }
-        text + &self.cluster.logs()
+        logs_of(
+            self.central.iter().chain(self.runners.iter()),
+            &self.cluster,
+        )
     }
 }
 
-/// The services' settings: every seed, R3 streams, a short lease (1.2 s unless `lease_ms`
-/// says otherwise) swept every 200 ms, as the failover figures in `docs/scaling.md` assume.
+/// The last lines each process logged, then the cluster's, for a failing test's message.
+fn logs_of<'a>(
+    processes: impl Iterator<Item = &'a ServiceProcess>,
+    cluster: &NatsCluster,
+) -> String {
+    let mut text = String::new();
+    for process in processes {
+        text.push_str(&format!(
+            "--- {} ---\n{}\n",
+            process.name(),
+            load::tail(&process.logs(), 40)
+        ));
+    }
+    text + &cluster.logs()
+}
+
+/// The services' settings on the cluster at `nats_urls`, with a lease of `lease_ms` swept
+/// every 200 ms, as the failover figures in `docs/scaling.md` assume.
 fn stack_env(
     nats_urls: &str,
     database_url: &str,
@@ -117,18 +128,10 @@ fn stack_env(
     model_url: &str,
     lease_ms: &str,
 ) -> Vec<(String, String)> {
-    vec![
-        ("NATS_URL".into(), nats_urls.into()),
-        ("AGENTLOOP_BUS__REPLICAS".into(), "3".into()),
-        ("DATABASE_URL".into(), database_url.into()),
-        ("AGENTLOOP_MEMORY__LISTEN".into(), memory.into()),
-        ("AGENTLOOP_MEMORY__URL".into(), format!("http://{memory}")),
-        ("OPENAI_BASE_URL".into(), model_url.into()),
-        ("AGENTLOOP_MODEL".into(), "openai/fake".into()),
-        ("AGENTLOOP_BUS__ACK_WAIT_MS".into(), "5000".into()),
-        ("AGENTLOOP_RUNNER__LEASE_TTL_MS".into(), lease_ms.into()),
-        ("AGENTLOOP_RUNNER__SWEEP_INTERVAL_MS".into(), "200".into()),
-    ]
+    let mut env = load::cluster_env(nats_urls, database_url, memory, model_url);
+    env.push(("AGENTLOOP_RUNNER__LEASE_TTL_MS".into(), lease_ms.into()));
+    env.push(("AGENTLOOP_RUNNER__SWEEP_INTERVAL_MS".into(), "200".into()));
+    env
 }
 
 /// Runs of `owner`, and runs taken up again after an owner lost them.
@@ -346,17 +349,7 @@ async fn a_slow_link_to_one_host_delays_its_work_and_loses_nothing() {
         process.wait_ready(READY).await.unwrap();
         processes.push(process);
     }
-    let logs = || {
-        let mut text = String::new();
-        for process in &processes {
-            text.push_str(&format!(
-                "--- {} ---\n{}\n",
-                process.name(),
-                load::tail(&process.logs(), 40)
-            ));
-        }
-        text + &cluster.logs()
-    };
+    let logs = || logs_of(processes.iter(), &cluster);
 
     let accepted = load.finish().await;
     let history = load::verify(

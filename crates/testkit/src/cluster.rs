@@ -4,7 +4,7 @@
 //! [`ClusterPlan`] places nodes on other hosts (network namespaces) or behind proxies.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -87,14 +87,7 @@ struct Node {
 impl Node {
     fn spawn(&mut self) -> anyhow::Result<()> {
         let bin = nats_server_bin();
-        let mut command = match &self.plan.netns {
-            Some(netns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", netns]).arg(&bin);
-                c
-            }
-            None => Command::new(&bin),
-        };
+        let mut command = crate::netns::command_in(self.plan.netns.as_deref(), &bin);
         let child = command
             .arg("-c")
             .arg(&self.conf)

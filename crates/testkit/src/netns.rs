@@ -110,6 +110,19 @@ impl Drop for Hosts {
     }
 }
 
+/// A command running `program` in `netns` (`ip netns exec`, which execs it: the child's pid is
+/// the program's), or where the test runs when `None`.
+pub(crate) fn command_in(netns: Option<&str>, program: &std::path::Path) -> Command {
+    match netns {
+        Some(netns) => {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", netns]).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
+}
+
 fn in_netns(netns: &str, args: &[&str]) -> anyhow::Result<()> {
     let mut all = vec!["netns", "exec", netns, "ip"];
     all.extend_from_slice(args);

@@ -68,14 +68,7 @@ impl ServiceProcess {
         } else {
             format!("AGENTLOOP_{}__ADMIN_LISTEN", service.to_ascii_uppercase())
         };
-        let mut command = match host {
-            Some(host) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", &host.netns]).arg(bin);
-                c
-            }
-            None => Command::new(bin),
-        };
+        let mut command = crate::netns::command_in(host.map(|h| h.netns.as_str()), bin);
         command
             .arg(service)
             .env_clear()

@@ -45,6 +45,26 @@ pub async fn connect(urls: &str) -> jetstream::Context {
     jetstream::new(client)
 }
 
+/// The services' settings on a cluster: every seed in `nats_urls`, R3 streams, memory serving
+/// on `memory` (`host:port`), the fake model at `model_url`, a 5 s ack wait.
+pub fn cluster_env(
+    nats_urls: &str,
+    database_url: &str,
+    memory: &str,
+    model_url: &str,
+) -> Vec<(String, String)> {
+    vec![
+        ("NATS_URL".into(), nats_urls.into()),
+        ("AGENTLOOP_BUS__REPLICAS".into(), "3".into()),
+        ("DATABASE_URL".into(), database_url.into()),
+        ("AGENTLOOP_MEMORY__LISTEN".into(), memory.into()),
+        ("AGENTLOOP_MEMORY__URL".into(), format!("http://{memory}")),
+        ("OPENAI_BASE_URL".into(), model_url.into()),
+        ("AGENTLOOP_MODEL".into(), "openai/fake".into()),
+        ("AGENTLOOP_BUS__ACK_WAIT_MS".into(), "5000".into()),
+    ]
+}
+
 /// Sessions sending their follow-ups in order, each once the one before was acknowledged.
 pub struct Load {
     accepted: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
