@@ -17,8 +17,6 @@ use async_nats::jetstream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::replica::lock;
-
 /// What this replica knows about the RUNS order, and how to ask the stream for the rest.
 pub(crate) struct CommandOrder {
     /// The RUNS stream; `None` when `runner.keep_order` is off.
@@ -192,6 +190,14 @@ impl CommandOrder {
     fn highest_enqueued(&self, subject: &str) -> Option<u64> {
         lock(&self.enqueued).get(subject).map(|e| e.highest)
     }
+}
+
+/// Locks `mutex`, also after a panic elsewhere: each holder leaves the map consistent. (Not
+/// `replica::lock`: the replica holds this module's type, and modules import no cycle.)
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -123,7 +123,7 @@ pub(crate) struct Parts {
 
 /// Locks `mutex`, also after a panic elsewhere: the maps it guards are left consistent by
 /// every holder (single inserts and removes), so their content stays valid.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
