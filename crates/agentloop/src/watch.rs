@@ -78,19 +78,51 @@ pub(crate) async fn events(args: &[String]) -> anyhow::Result<()> {
     let bus = Bus::connect(&config()?.bus, "cli")
         .await
         .context("cannot reach NATS")?;
-    let mut events = bus
-        .client()
-        .subscribe(bus.subjects().session_events(&id))
-        .await
-        .context("cannot subscribe to the session's events")?;
+    // A consumer on the EVENTS stream, not a plain subscription: once it is created the server
+    // keeps every later event for it, so nothing published after "watching" is missed, and a
+    // reconnect resumes where it stopped.
+    let filter = bus.subjects().session_events(&id);
+    let mut events = read_events(&bus, filter, DeliverPolicy::New).await?;
     eprintln!("watching session {id} (Ctrl-C stops)");
     while let Some(msg) = events.next().await {
+        let msg = match msg {
+            Ok(msg) => msg,
+            Err(err) => {
+                eprintln!("reading the EVENTS stream: {err}");
+                continue;
+            }
+        };
         match agentloop_bus::decode::<SystemEvent>(&msg) {
             Ok((event, _)) => print(&event, args.json)?,
             Err(err) => eprintln!("an event that does not decode: {err}"),
         }
     }
     Ok(())
+}
+
+/// The EVENTS stream's messages on `filter`, in order, from `from`.
+async fn read_events(
+    bus: &Bus,
+    filter: String,
+    from: DeliverPolicy,
+) -> anyhow::Result<pull::Ordered> {
+    let stream = bus
+        .jetstream()
+        .get_stream(stream_name(bus.subjects().prefix(), StreamKind::Events))
+        .await
+        .context("cannot open the EVENTS stream")?;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: filter,
+            deliver_policy: from,
+            ..Default::default()
+        })
+        .await
+        .context("cannot read the EVENTS stream")?;
+    consumer
+        .messages()
+        .await
+        .context("cannot read the EVENTS stream")
 }
 
 /// `agentloop replay RUN [--json]`
@@ -102,23 +134,8 @@ pub(crate) async fn replay(args: &[String]) -> anyhow::Result<()> {
     let bus = Bus::connect(&config()?.bus, "cli")
         .await
         .context("cannot reach NATS")?;
-    let stream = bus
-        .jetstream()
-        .get_stream(stream_name(bus.subjects().prefix(), StreamKind::Events))
-        .await
-        .context("cannot open the EVENTS stream")?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: format!("{}.events.*.{run}", bus.subjects().prefix()),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .context("cannot read the EVENTS stream")?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .context("cannot read the EVENTS stream")?;
+    let filter = format!("{}.events.*.{run}", bus.subjects().prefix());
+    let mut messages = read_events(&bus, filter, DeliverPolicy::All).await?;
     let mut count = 0;
     while let Ok(Some(msg)) = tokio::time::timeout(REPLAY_IDLE, messages.next()).await {
         let msg = msg.context("reading the EVENTS stream")?;

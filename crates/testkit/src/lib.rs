@@ -373,3 +373,23 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Returns once the server has processed everything `client` sent before, subscriptions
+/// included, so another connection's publish from now on reaches them.
+///
+/// `Client::flush` only writes the buffer to the socket; the server may not have read the SUB
+/// yet. A request to a subject nobody serves is answered by the server itself ("no
+/// responders") after it has read what came before it on this connection.
+///
+/// # Errors
+/// When the server does not answer within 10 s or the client is closed.
+pub async fn round_trip(client: &async_nats::Client) -> anyhow::Result<()> {
+    let subject = format!("_agentloop.round_trip.{}", uuid::Uuid::new_v4().simple());
+    let request = client.request(subject, Default::default());
+    match tokio::time::timeout(Duration::from_secs(10), request).await {
+        Err(_) => bail!("nats-server did not answer a round trip within 10 s"),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(err)) if err.kind() == async_nats::RequestErrorKind::NoResponders => Ok(()),
+        Ok(Err(err)) => bail!("round trip to nats-server: {err}"),
+    }
+}

@@ -12,6 +12,7 @@ async fn the_example_tool_announces_itself_and_counts_words() {
     let nats = agentloop_testkit::NatsServer::start().unwrap();
     let client = async_nats::connect(nats.url()).await.unwrap();
     let mut announcements = client.subscribe("ex.tool._announce").await.unwrap();
+    agentloop_testkit::round_trip(&client).await.unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentloop-example-tool"))
         .env("NATS_URL", nats.url())
         .env("AGENTLOOP_BUS__PREFIX", "ex")

@@ -277,10 +277,9 @@ impl Sandbox {
             .subscribe(self.subject(rest))
             .await
             .expect("the sandbox's nats-server accepts subscriptions");
-        // A flush waits for the server's answer, so the subscription is in place before
-        // another connection publishes what the test waits for.
-        self.client
-            .flush()
+        // The subscription must be in place on the server before another connection publishes
+        // what the test waits for; a flush only writes it to the socket.
+        agentloop_testkit::round_trip(&self.client)
             .await
             .expect("the sandbox's nats-server answers");
         subscriber
