@@ -34,6 +34,8 @@ mod mcp;
 #[cfg(test)]
 mod openclaw;
 #[cfg(test)]
+mod order;
+#[cfg(test)]
 mod poison;
 #[cfg(test)]
 mod principals;

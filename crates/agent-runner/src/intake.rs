@@ -32,8 +32,15 @@ fn inbox_kind(command: &RunCommand, agent_default: Option<QueueMode>) -> InboxKi
 
 /// Stores `command` in its session's inbox once every earlier command of the session is there,
 /// then claims or wakes the session's owner.
-pub(crate) async fn take_in(replica: &Arc<Replica>, msg: jetstream::Message, command: RunCommand) {
-    match replica.order.check(&msg).await {
+/// `prev`: the session's previous command, when this replica saw every one since
+/// ([`crate::order::CommandOrder::arrived`]).
+pub(crate) async fn take_in(
+    replica: &Arc<Replica>,
+    msg: jetstream::Message,
+    command: RunCommand,
+    prev: Option<u64>,
+) {
+    match replica.order.turn(&msg, prev).await {
         Turn::Now => enqueue(replica, msg, command).await,
         Turn::After(_) | Turn::Unknown => {
             // Out of the session's intake lane: the earlier command may come to this replica,

@@ -13,6 +13,7 @@ mod backoff;
 mod config;
 mod context;
 mod control;
+mod coverage;
 mod error;
 mod events;
 mod guardian;

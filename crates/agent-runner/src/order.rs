@@ -8,6 +8,9 @@
 //! has already enqueued. Otherwise the command waits for its turn, at most
 //! [`CommandOrder::max_wait`]: past that the earlier command is taken as gone for good, and a
 //! session that never moves is worse than one answered out of order.
+//!
+//! The read is skipped where this replica saw every command since the session's previous one
+//! ([`crate::coverage`]): with one replica, all but a session's first command after a start.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,6 +20,10 @@ use async_nats::jetstream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use agentloop_lifecycle::Counter;
+
+use crate::coverage::Coverage;
+
 /// What this replica knows about the RUNS order, and how to ask the stream for the rest.
 pub(crate) struct CommandOrder {
     /// The RUNS stream; `None` when `runner.keep_order` is off.
@@ -25,6 +32,10 @@ pub(crate) struct CommandOrder {
     /// its enqueued commands still wait for their ack. Everything up to that sequence is in
     /// the inbox; the entry goes once nothing of the session is unacked.
     enqueued: Mutex<HashMap<String, Unacked>>,
+    /// The deliveries this replica saw in stream order, for reads it may skip.
+    coverage: Mutex<Coverage>,
+    /// `agentloop_runner_order_reads_total`.
+    reads: Counter,
     max_wait: Duration,
     progress_every: Duration,
 }
@@ -63,22 +74,48 @@ impl CommandOrder {
         runs: Option<jetstream::stream::Stream<()>>,
         ack_wait: Duration,
         max_deliver: u32,
+        reads: Counter,
     ) -> Self {
         Self {
             runs,
             enqueued: Mutex::default(),
+            coverage: Mutex::default(),
+            reads,
             max_wait: ack_wait * max_deliver.max(2),
             progress_every: ack_wait / 3,
         }
     }
 
+    /// Records `msg`'s arrival, in the order the consumer delivers: the session's previous
+    /// command when the read may be skipped once that one is enqueued (see [`Coverage`]).
+    pub(crate) fn arrived(&self, msg: &jetstream::Message) -> Option<u64> {
+        let (Some(_), Ok(info)) = (&self.runs, msg.info()) else {
+            return None;
+        };
+        lock(&self.coverage).arrived(
+            msg.subject.as_str(),
+            info.stream_sequence,
+            info.delivered == 1,
+        )
+    }
+
+    /// Whether `msg` may be enqueued now. `prev` is what [`CommandOrder::arrived`] said: when
+    /// that command is the session's last enqueued here, no read is needed.
+    pub(crate) async fn turn(&self, msg: &jetstream::Message, prev: Option<u64>) -> Turn {
+        if prev.is_some_and(|prev| lock(&self.coverage).covers(msg.subject.as_str(), prev)) {
+            return Turn::Now;
+        }
+        self.check(msg).await
+    }
+
     /// Whether `msg` (a RunCommand from RUNS) may be enqueued now: one read of the stream.
-    pub(crate) async fn check(&self, msg: &jetstream::Message) -> Turn {
+    async fn check(&self, msg: &jetstream::Message) -> Turn {
         let (Some(runs), Ok(info)) = (self.runs.as_ref(), msg.info()) else {
             return Turn::Now;
         };
         let subject = msg.subject.as_str();
         let after = self.highest_enqueued(subject).map_or(0, |s| s + 1);
+        self.reads.inc();
         let first = runs
             .raw_message_builder()
             .next_by_subject(subject)
@@ -171,6 +208,8 @@ impl CommandOrder {
         });
         entry.highest = entry.highest.max(info.stream_sequence);
         entry.count += 1;
+        drop(enqueued);
+        lock(&self.coverage).enqueued(msg.subject.as_str(), info.stream_sequence);
     }
 
     /// Records that `msg`'s command was acked or left for redelivery.

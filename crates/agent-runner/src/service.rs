@@ -57,6 +57,10 @@ pub(crate) async fn serve(
         runs,
         Duration::from_millis(config.bus.ack_wait_ms),
         u32::try_from(config.bus.max_deliver).unwrap_or(u32::MAX),
+        health.counter(
+            "agentloop_runner_order_reads_total",
+            "Reads of RUNS for a session's earlier command before one was enqueued (runner.keep_order).",
+        ),
     ));
     let ack_stop = CancellationToken::new();
     let (acks, acker) = crate::acks::start(memory.clone(), order.clone(), ack_stop.clone());
@@ -89,12 +93,12 @@ pub(crate) async fn serve(
     let intake_replica = replica.clone();
     let mut intake = InOrder::new(
         config.runner.intake_concurrency,
-        move |(msg, command): (jetstream::Message, RunCommand)| {
+        move |(msg, command, prev): (jetstream::Message, RunCommand, Option<u64>)| {
             let replica = intake_replica.clone();
             async move {
                 let span = tracing::info_span!("intake", session_id = %command.session_id, session_key = %command.session_key);
                 agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
-                intake::take_in(&replica, msg, command)
+                intake::take_in(&replica, msg, command, prev)
                     .instrument(span)
                     .await;
             }
@@ -122,6 +126,9 @@ pub(crate) async fn serve(
             () = shutdown.cancelled() => break,
             msg = messages.next() => msg,
         };
+        // Every delivery, in the consumer's order, also one refused below: a sequence this
+        // replica did not see would be taken for another replica's.
+        let prev = replica.order.arrived(&msg);
         let command = match agentloop_bus::decode::<RunCommand>(&msg) {
             Ok((command, _)) if command.session_id.is_empty() => {
                 dead_letters
@@ -148,7 +155,7 @@ pub(crate) async fn serve(
         // acknowledged, so JetStream hands it to a replica again.
         tokio::select! {
             () = shutdown.cancelled() => break,
-            () = intake.push(&session_id, (msg, command)) => {}
+            () = intake.push(&session_id, (msg, command, prev)) => {}
         }
     }
     // Graceful stop: no new commands (unacked ones return to other replicas), owners finish the
