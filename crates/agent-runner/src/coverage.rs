@@ -7,8 +7,8 @@
 //! unbroken run and was enqueued, nothing of the session can be outside the inbox ahead of
 //! the new one: commands before `prev` were checked when `prev` was, and every command after
 //! it came here, into the session's intake lane ahead of the new one. With one replica that is
-//! every command but a session's first after a start, so the read of RUNS that keeps the order is paid
-//! only where several replicas share the stream.
+//! every command but a session's first after a start, so the read of RUNS that keeps the order
+//! is paid only where several replicas share the stream.
 
 use std::collections::HashMap;
 
