@@ -321,4 +321,59 @@ mod tests {
             .unwrap();
         assert_eq!(setting, "on");
     }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn recording_and_sweeping_commit_without_waiting_for_the_disk_in_their_own_transaction(
+        pool: PgPool,
+    ) {
+        let store = Store::new(pool);
+        let session = store
+            .resolve_session("cli:begin", "main", Some("cli"))
+            .await
+            .unwrap();
+        let mut tx = store.pool().begin().await.unwrap();
+        let created = sqlx::query_as::<
+            _,
+            (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>),
+        >(include_str!("../queries/begin_dispatch.sql"))
+        .bind("cli:begin")
+        .bind("key-1")
+        .bind(Uuid::now_v7())
+        .bind(session.id)
+        .bind(60_000.0_f64)
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
+        assert!(created.is_some(), "the record is inserted");
+        let reported: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(reported, "off", "recording a dispatch");
+        tx.commit().await.unwrap();
+
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query("UPDATE dispatches SET expires_at = now() - interval '1 second'")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let swept = sqlx::query(include_str!("../queries/sweep_dispatches.sql"))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(swept.rows_affected(), 1);
+        let reported: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(reported, "off", "sweeping expired records");
+        tx.commit().await.unwrap();
+
+        // Each statement's setting ended with its transaction.
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(setting, "on");
+    }
 }
