@@ -1,4 +1,9 @@
 //! The owner of one session: renews its lease and runs its inbox empty, one input at a time.
+//!
+//! Both tasks live as long as the session is owned, for every session in flight, so their
+//! memory calls are awaited boxed: held inline, they made the owner's task 7.5 KiB and the
+//! renewer's 2 KiB for the whole run, against 3.4 KiB and 0.3 KiB boxed (see `run/mod.rs` for
+//! the run's own future).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +87,10 @@ async fn owner_loop(
                     history_limit: replica.settings.history_limit,
                     history_after_seq: after_seq,
                 };
-                (replica.memory.take_next(&request).await, after_seq)
+                (
+                    Box::pin(replica.memory.take_next(&request)).await,
+                    after_seq,
+                )
             }
         };
         match taken {
@@ -91,9 +99,13 @@ async fn owner_loop(
                     let Ok(_slot) = replica.run_slots.acquire().await else {
                         return;
                     };
-                    let history = match replica
-                        .window(session_id, after_seq, next.history, next.history_is_delta)
-                        .await
+                    let history = match Box::pin(replica.window(
+                        session_id,
+                        after_seq,
+                        next.history,
+                        next.history_is_delta,
+                    ))
+                    .await
                     {
                         Ok(history) => history,
                         Err(err) => {
@@ -206,7 +218,7 @@ async fn give_back(replica: &Arc<Replica>, session_id: &str, epoch: i64) {
 
 /// Returns whether the lease was given back (`None` when memory could not be asked).
 async fn release(replica: &Arc<Replica>, session_id: &str, epoch: i64) -> Option<bool> {
-    match replica.memory.release(session_id, epoch).await {
+    match Box::pin(replica.memory.release(session_id, epoch)).await {
         Ok(released) => Some(released),
         Err(MemoryCallError::LeaseLost(_)) => Some(true),
         Err(err) => {
@@ -220,7 +232,7 @@ async fn release(replica: &Arc<Replica>, session_id: &str, epoch: i64) -> Option
 /// but any replica may claim the session from now on).
 async fn hand_back(replica: &Arc<Replica>, session_id: &str, epoch: i64) {
     // The shortest lease memory grants: one millisecond.
-    match replica.memory.renew(session_id, epoch, 1).await {
+    match Box::pin(replica.memory.renew(session_id, epoch, 1)).await {
         Ok(_) => tracing::info!("lease handed back"),
         Err(err) => {
             tracing::warn!(error = %err, "hand-back failed; the lease expires by itself");
@@ -247,7 +259,7 @@ async fn renew(
         // until TCP gives up, minutes later. A slow link's late answer still counts.
         let outcome = tokio::time::timeout_at(
             renewed_at + ttl_span,
-            replica.memory.renew(&session_id, epoch, ttl),
+            Box::pin(replica.memory.renew(&session_id, epoch, ttl)),
         )
         .await;
         match outcome {

@@ -6,6 +6,11 @@
 //! What a run reads is in [`RunCtx`], fixed for the run; what it changes is in [`RunState`],
 //! owned by the loop and lent with `&mut`. Only the `send_message` tool's record is shared,
 //! because tools of one batch run at once.
+//!
+//! A run's future lives as long as the run, mostly waiting on the model, and is as large as the
+//! largest state it can be in. So the steps off that wait (memory writes, tool batches, hooks,
+//! events, the reply, the end) are awaited boxed: each takes its memory only while it runs,
+//! and a run waiting on its model holds a few KiB, not every step's worth at once.
 
 mod batch;
 mod policy;
@@ -158,7 +163,7 @@ pub(crate) async fn execute(
                 turns: 0,
                 prompt_report: String::new(),
             };
-            return finish(replica, owner, &run, &item, &outcome, Vec::new()).await;
+            return Box::pin(finish(replica, owner, &run, &item, &outcome, Vec::new())).await;
         }
     };
     // An unknown agent runs on the default config, under the key "" (see `batch::toolset`).
@@ -197,10 +202,11 @@ pub(crate) async fn execute(
     };
     let mut state = RunState::default();
     if let Some(why) = Why::exhausted(run.attempts) {
-        return ctx
-            .set_aside(owner, &mut state, &item, why)
-            .instrument(span)
-            .await;
+        return Box::pin(
+            ctx.set_aside(owner, &mut state, &item, why)
+                .instrument(span),
+        )
+        .await;
     }
     let executed = ctx
         .live(owner, &mut state, &item, history)
@@ -209,9 +215,11 @@ pub(crate) async fn execute(
     match executed {
         // Retrying a write memory refused for good would fail the same way forever.
         Err(MemoryCallError::Refused(detail)) => {
-            ctx.set_aside(owner, &mut state, &item, Why::Refused(detail))
-                .instrument(span)
-                .await
+            Box::pin(
+                ctx.set_aside(owner, &mut state, &item, Why::Refused(detail))
+                    .instrument(span),
+            )
+            .await
         }
         other => other,
     }
@@ -236,8 +244,8 @@ impl RunCtx<'_> {
         history: Window,
     ) -> Result<bool, MemoryCallError> {
         let replica = self.replica;
-        self.events
-            .lifecycle(EventPhase::Start, json!({ "model": self.model_name, "attempt": self.run.attempts, "agentId": agent_id(self.command) }))
+        Box::pin(self.events
+            .lifecycle(EventPhase::Start, json!({ "model": self.model_name, "attempt": self.run.attempts, "agentId": agent_id(self.command) })))
             .await;
         let abort = self.signals.start_run();
         let _in_flight = InFlight::enter(&replica.metrics.in_flight);
@@ -278,15 +286,15 @@ impl RunCtx<'_> {
             }
         };
         if !outcome.status.answered() {
-            self.close_open_calls(state, outcome.status).await?;
+            Box::pin(self.close_open_calls(state, outcome.status)).await?;
         }
-        self.reply(&outcome).await;
+        Box::pin(self.reply(&outcome)).await;
         let entries = state.take_unwritten();
-        let released = finish(replica, owner, self.run, item, &outcome, entries).await?;
-        self.ended(&outcome, false).await;
-        replica
+        let released = Box::pin(finish(replica, owner, self.run, item, &outcome, entries)).await?;
+        Box::pin(self.ended(&outcome, false)).await;
+        Box::pin(replica
             .hooks
-            .run(HookPoint::AgentEnd, json!({ "sessionKey": self.command.session_key, "runId": self.run.id, "reason": outcome.status.as_str(), "error": outcome.error }))
+            .run(HookPoint::AgentEnd, json!({ "sessionKey": self.command.session_key, "runId": self.run.id, "reason": outcome.status.as_str(), "error": outcome.error })))
             .await;
         Ok(released)
     }

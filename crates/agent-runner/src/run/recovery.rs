@@ -104,7 +104,7 @@ impl RunCtx<'_> {
                 }
             }
             let provider = model.provider.as_str().to_owned();
-            let profiles = self.usable_profiles(&provider).await;
+            let profiles = Box::pin(self.usable_profiles(&provider)).await;
             if profiles.is_empty() {
                 failures.push(format!("{model_name}: every auth profile is cooling down"));
                 continue;
@@ -129,7 +129,7 @@ impl RunCtx<'_> {
                 let err = match streamed {
                     Ok(answer) => {
                         if profile.tracked {
-                            self.profile_succeeded(&provider, &profile.name).await;
+                            Box::pin(self.profile_succeeded(&provider, &profile.name)).await;
                         }
                         state.answered = AnsweredBy {
                             model: model_name.clone(),
@@ -151,7 +151,7 @@ impl RunCtx<'_> {
                 match err.kind() {
                     ErrorKind::ContextOverflow if cx.compactions < MAX_COMPACTIONS => {
                         cx.compactions += 1;
-                        if !self.compact(state, cx, &request).await? {
+                        if !Box::pin(self.compact(state, cx, &request)).await? {
                             failures
                                 .push(format!("{model_name}: {text} (nothing left to compact)"));
                             break;
@@ -159,7 +159,7 @@ impl RunCtx<'_> {
                     }
                     ErrorKind::Auth | ErrorKind::RateLimit | ErrorKind::Timeout => {
                         if profile.tracked {
-                            self.profile_failed(&provider, &profile.name, &text).await;
+                            Box::pin(self.profile_failed(&provider, &profile.name, &text)).await;
                         }
                         failures.push(format!("{model_name} ({}): {text}", profile.name));
                         index += 1;

@@ -33,7 +33,7 @@ pub(super) async fn converse(
         flag: Flag::of(&ctx.command.metadata),
     }];
     if item.kind.parse() == Ok(InboxKind::Collect) {
-        for (seq, command) in ctx.take_queued(InboxKind::Collect).await? {
+        for (seq, command) in Box::pin(ctx.take_queued(InboxKind::Collect)).await? {
             inputs.push(Input {
                 key: ctx.key(EntryKey::Collected(seq)),
                 flag: Flag::of(&command.metadata),
@@ -52,7 +52,7 @@ pub(super) async fn converse(
             .iter()
             .map(|input| ctx.user_entry(input.key.clone(), input)),
     );
-    if let Some(refusal) = second_opinion(ctx, state, &start.unwritten).await {
+    if let Some(refusal) = Box::pin(second_opinion(ctx, state, &start.unwritten)).await {
         return Ok(refusal);
     }
     let mut messages = start.messages;
@@ -69,18 +69,26 @@ pub(super) async fn converse(
             calls = start.unanswered.len(),
             "resuming: running the tool calls the previous attempt did not finish"
         );
-        let (outcomes, steering) = ctx.run_batch(&tools, start.unanswered).await?;
-        persist_batch(ctx, state, turn, &outcomes, &steering, &mut messages).await?;
+        let (outcomes, steering) = Box::pin(ctx.run_batch(&tools, start.unanswered)).await?;
+        Box::pin(persist_batch(
+            ctx,
+            state,
+            turn,
+            &outcomes,
+            &steering,
+            &mut messages,
+        ))
+        .await?;
     }
 
     let command = ctx.command;
-    let begin = replica
+    let begin = Box::pin(replica
         .hooks
-        .run(HookPoint::BeforeAgentStart, json!({ "sessionKey": command.session_key, "runId": ctx.run.id, "agentId": command.agent_id, "text": command.text }))
+        .run(HookPoint::BeforeAgentStart, json!({ "sessionKey": command.session_key, "runId": ctx.run.id, "agentId": command.agent_id, "text": command.text })))
         .await;
-    replica
+    Box::pin(replica
         .hooks
-        .run(HookPoint::MessageReceived, json!({ "sessionKey": command.session_key, "runId": ctx.run.id, "channel": command.channel, "senderId": command.sender_id, "text": command.text }))
+        .run(HookPoint::MessageReceived, json!({ "sessionKey": command.session_key, "runId": ctx.run.id, "channel": command.channel, "senderId": command.sender_id, "text": command.text })))
         .await;
     let instructions = if ctx.agent.instructions.is_empty() {
         replica.settings.system_prompt.as_str()
@@ -99,7 +107,7 @@ pub(super) async fn converse(
                 sender_id: &command.sender_id,
                 channel: &command.channel,
             };
-            let gathered = context::gather(
+            let gathered = Box::pin(context::gather(
                 &replica.memory,
                 &replica.recall,
                 &replica.settings.skills_dir,
@@ -107,7 +115,7 @@ pub(super) async fn converse(
                 &who,
                 &query.join("\n"),
                 context::Snapshot::Take,
-            )
+            ))
             .await;
             let parts = context::parts(&context::Inputs {
                 agent_id: agent_id(command),
@@ -197,7 +205,7 @@ pub(super) async fn converse(
             tool_calls: calls.clone(),
         });
         if calls.is_empty() {
-            let steering = ctx.steering(SafePoint::AfterAnswer).await?;
+            let steering = Box::pin(ctx.steering(SafePoint::AfterAnswer)).await?;
             if steering.is_empty() {
                 state.last = Some(assistant);
                 ctx.learn_from(&start_inputs, &text);
@@ -213,17 +221,25 @@ pub(super) async fn converse(
                     Flag::of(&command.metadata).as_ref(),
                 )));
             }
-            ctx.append(state, entries).await?;
+            Box::pin(ctx.append(state, entries)).await?;
             continue;
         }
         // The calls are persisted before they run, so a crash resumes them instead of asking again.
-        ctx.append(state, vec![assistant]).await?;
+        Box::pin(ctx.append(state, vec![assistant])).await?;
         state.open_calls = calls.iter().map(|c| (turn, c.clone())).collect();
-        let (outcomes, mut steering) = ctx.run_batch(&tools, calls).await?;
+        let (outcomes, mut steering) = Box::pin(ctx.run_batch(&tools, calls)).await?;
         if steering.is_empty() {
-            steering = ctx.steering(SafePoint::AfterBatch).await?;
+            steering = Box::pin(ctx.steering(SafePoint::AfterBatch)).await?;
         }
-        persist_batch(ctx, state, turn, &outcomes, &steering, &mut messages).await?;
+        Box::pin(persist_batch(
+            ctx,
+            state,
+            turn,
+            &outcomes,
+            &steering,
+            &mut messages,
+        ))
+        .await?;
     }
 }
 
