@@ -70,15 +70,7 @@ pub(super) async fn converse(
             "resuming: running the tool calls the previous attempt did not finish"
         );
         let (outcomes, steering) = Box::pin(ctx.run_batch(&tools, start.unanswered)).await?;
-        Box::pin(persist_batch(
-            ctx,
-            state,
-            turn,
-            &outcomes,
-            &steering,
-            &mut messages,
-        ))
-        .await?;
+        persist_batch(ctx, state, turn, &outcomes, &steering, &mut messages).await?;
     }
 
     let command = ctx.command;
@@ -231,15 +223,7 @@ pub(super) async fn converse(
         if steering.is_empty() {
             steering = Box::pin(ctx.steering(SafePoint::AfterBatch)).await?;
         }
-        Box::pin(persist_batch(
-            ctx,
-            state,
-            turn,
-            &outcomes,
-            &steering,
-            &mut messages,
-        ))
-        .await?;
+        persist_batch(ctx, state, turn, &outcomes, &steering, &mut messages).await?;
     }
 }
 
@@ -277,7 +261,7 @@ async fn persist_batch(
             Flag::of(&command.metadata).as_ref(),
         )));
     }
-    ctx.append(state, entries).await?;
+    Box::pin(ctx.append(state, entries)).await?;
     state.open_calls.clear();
     Ok(())
 }
