@@ -305,20 +305,14 @@ mod tests {
             ),
             (handle2, "ok", Some("second key"))
         );
-        let reported: String = sqlx::query_scalar("SHOW synchronous_commit")
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let reported = synchronous_commit(&mut *tx).await;
         assert_eq!(reported, "off");
         tx.commit().await.unwrap();
 
         // The completion ran on the connection the store holds; the next call on it must
         // commit synchronously again.
         let mut conn = store.conn(Uuid::nil()).await.unwrap();
-        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
+        let setting = synchronous_commit(&mut *conn).await;
         assert_eq!(setting, "on");
     }
 
@@ -345,10 +339,7 @@ mod tests {
         .await
         .unwrap();
         assert!(created.is_some(), "the record is inserted");
-        let reported: String = sqlx::query_scalar("SHOW synchronous_commit")
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let reported = synchronous_commit(&mut *tx).await;
         assert_eq!(reported, "off", "recording a dispatch");
         tx.commit().await.unwrap();
 
@@ -362,18 +353,20 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(swept.rows_affected(), 1);
-        let reported: String = sqlx::query_scalar("SHOW synchronous_commit")
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+        let reported = synchronous_commit(&mut *tx).await;
         assert_eq!(reported, "off", "sweeping expired records");
         tx.commit().await.unwrap();
 
         // Each statement's setting ended with its transaction.
-        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
+        let setting = synchronous_commit(store.pool()).await;
         assert_eq!(setting, "on");
+    }
+
+    /// The connection's `synchronous_commit` as Postgres reports it.
+    async fn synchronous_commit<'c, E: sqlx::PgExecutor<'c>>(executor: E) -> String {
+        sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(executor)
+            .await
+            .unwrap()
     }
 }
