@@ -166,16 +166,18 @@ impl CommandOrder {
                     earlier
                 }
                 Turn::Unknown => {
-                    let since = *unanswered_since.get_or_insert_with(Instant::now);
-                    // An election ends within seconds; a stream that stays silent longer (the
-                    // runner's NATS user may not read RUNS: `$JS.API.STREAM.MSG.GET`) must not
-                    // hold every session up.
+                    // The stream is electing a leader (its node was lost or cut off): the
+                    // earlier command may still be in it, so the wait goes on, up to the
+                    // longest. Going on after one ack wait let a later command overtake one
+                    // still held by a cut-off runner. The permission to read is checked at
+                    // start ([`CommandOrder::readable`]).
+                    let since = *unanswered_since.get_or_insert(Instant::now());
                     if since.elapsed() >= self.progress_every * 3 {
                         tracing::warn!(
-                            "cannot read the runs stream to keep a session's order; going on \
-                             (does the runner's NATS user have $JS.API.STREAM.MSG.GET on it?)"
+                            silent_ms = since.elapsed().as_millis() as u64,
+                            "the runs stream does not answer (a leader election?); the run command keeps waiting for its turn"
                         );
-                        return true;
+                        unanswered_since = Some(Instant::now());
                     }
                     0
                 }
@@ -228,6 +230,38 @@ impl CommandOrder {
 
     fn highest_enqueued(&self, subject: &str) -> Option<u64> {
         lock(&self.enqueued).get(subject).map(|e| e.highest)
+    }
+}
+
+/// Whether this runner may read `runs` (`$JS.API.STREAM.MSG.GET` on it): asked for a subject
+/// no command has, until the stream answers or `patience` is over. A NATS user without the
+/// permission gets no answer at all, like a stream in an election, hence the patience.
+pub(crate) async fn readable(
+    runs: &jetstream::stream::Stream<()>,
+    prefix: &str,
+    patience: Duration,
+) -> bool {
+    let subject = format!("{prefix}.run._order_probe");
+    let deadline = Instant::now() + patience;
+    loop {
+        match runs.get_last_raw_message_by_subject(&subject).await {
+            Ok(_) => return true,
+            // Any answer of the stream's, a refusal included, says the request got through.
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    jetstream::stream::LastRawMessageErrorKind::NoMessageFound
+                        | jetstream::stream::LastRawMessageErrorKind::JetStream(_)
+                ) =>
+            {
+                return true;
+            }
+            Err(err) if Instant::now() >= deadline => {
+                tracing::warn!(error = %err, "cannot read the runs stream");
+                return false;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
     }
 }
 

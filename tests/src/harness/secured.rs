@@ -26,6 +26,11 @@ pub fn password(user: &str) -> String {
 /// Starts nats-server with the shipped file, each user's password set through the variable
 /// the file reads it from.
 pub fn start_nats() -> anyhow::Result<NatsServer> {
+    start_nats_from(&auth_conf())
+}
+
+/// Like [`start_nats`], with another users file (the shipped one changed by a test).
+pub fn start_nats_from(conf: &std::path::Path) -> anyhow::Result<NatsServer> {
     let env: Vec<(String, String)> = [
         "gateway", "router", "runner", "delivery", "tool", "client", "admin",
     ]
@@ -37,7 +42,7 @@ pub fn start_nats() -> anyhow::Result<NatsServer> {
         )
     })
     .collect();
-    NatsServer::start_with_config(&auth_conf(), &env)
+    NatsServer::start_with_config(conf, &env)
 }
 
 /// The `[bus]` of a service logged in as `user`, with its own inbox as the file requires.
@@ -90,8 +95,14 @@ pub struct SecuredStack {
 
 impl SecuredStack {
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_from(&auth_conf(), "").await
+    }
+
+    /// Like [`SecuredStack::start`], with another users file and the runner's admin endpoint
+    /// on `runner_admin` (empty: none).
+    pub async fn start_from(conf: &std::path::Path, runner_admin: &str) -> anyhow::Result<Self> {
         agentloop_telemetry::init_for_tests();
-        let nats = start_nats()?;
+        let nats = start_nats_from(conf)?;
         let db = TestDatabase::create().await?;
         let fake = FakeModel::start(FakeModelConfig::default()).await?;
 
@@ -120,6 +131,7 @@ impl SecuredStack {
         runner.models.default_model = "openai/fake-echo".to_owned();
         runner.models.openai_base_url = fake.openai_base_url();
         runner.models.request_timeout_ms = 5_000;
+        runner.runner.admin_listen = runner_admin.to_owned();
         services.push(handle("runner", move |t| {
             agentloop_agent_runner::run(runner, t)
         }));
