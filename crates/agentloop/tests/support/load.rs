@@ -200,13 +200,23 @@ pub enum Order {
 
 /// The outcome of a fault test, checked: prints the figures (`--no-capture` shows them) and
 /// panics with `logs` when a guarantee broke. Returns the history for figures of the caller's.
+/// Log words that tell which hop reordered a session's messages.
+const ORDER_WORDS: [&str; 6] = [
+    "earlier one",
+    "does not answer",
+    "never reached",
+    "redeliver",
+    "handed back",
+    "keep_order",
+];
+
 pub async fn verify(
     js: &jetstream::Context,
     pool: &sqlx::PgPool,
     accepted: BTreeMap<String, Vec<String>>,
     fault_at: SystemTime,
     (what, order): (&str, Order),
-    logs: impl FnOnce() -> String,
+    logs: impl Fn() -> String,
 ) -> History {
     let total: usize = accepted.values().map(Vec::len).sum();
     let stored = replies_stored(js, total as u64, Duration::from_secs(90)).await;
@@ -218,6 +228,18 @@ pub async fn verify(
     };
     let mut findings = history.check();
     let reordered = findings.out_of_order.len();
+    // Which replies came out of order, and when the capture stored each of them.
+    for (session, answered, order) in findings.out_of_order.iter().take(4) {
+        let stored: Vec<String> = order
+            .iter()
+            .filter_map(|tag| history.replies.iter().find(|r| &r.tag == tag))
+            .map(|r| {
+                let since = r.at.duration_since(fault_at).unwrap_or_default();
+                format!("{}@{:.2}s", r.tag, since.as_secs_f64())
+            })
+            .collect();
+        println!("{session}: sent {answered:?}, stored {stored:?} (after the fault)");
+    }
     if order == Order::Reported {
         findings.out_of_order.clear();
     }
@@ -246,6 +268,16 @@ pub async fn verify(
         .await
         .unwrap_or_default();
         println!("user entries of each session, in transcript order: {order:?}");
+        // What the services said about order and redelivery, to tell which hop reordered.
+        let said = logs();
+        let telling = said.lines().filter(|line| {
+            ORDER_WORDS
+                .iter()
+                .any(|word| line.to_lowercase().contains(word))
+        });
+        for line in telling.take(60) {
+            println!("  {line}");
+        }
     }
     assert!(
         stored && findings.ok(),
