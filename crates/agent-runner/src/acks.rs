@@ -81,12 +81,8 @@ async fn flush_and_ack(memory: &MemoryClient, batch: &[(jetstream::Message, Inbo
         rows: batch.iter().map(|(_, row)| row.clone()).collect(),
     };
     let flushed = memory.flush(&request).await;
-    let durable: HashSet<(i64, String)> = match flushed {
-        Ok(response) => response
-            .durable
-            .into_iter()
-            .map(|row| (row.seq, row.idempotency_key))
-            .collect(),
+    let response = match flushed {
+        Ok(response) => response,
         Err(err) => {
             tracing::warn!(
                 error = %err,
@@ -96,8 +92,13 @@ async fn flush_and_ack(memory: &MemoryClient, batch: &[(jetstream::Message, Inbo
             return;
         }
     };
+    let durable: HashSet<(i64, &str)> = response
+        .durable
+        .iter()
+        .map(|row| (row.seq, row.idempotency_key.as_str()))
+        .collect();
     for (msg, row) in batch {
-        if !durable.contains(&(row.seq, row.idempotency_key.clone())) {
+        if !durable.contains(&(row.seq, row.idempotency_key.as_str())) {
             tracing::warn!(
                 seq = row.seq,
                 subject = %msg.subject,

@@ -185,7 +185,8 @@ pub struct RunnerSettings {
     pub intake_concurrency: usize,
     /// Enqueue a session's commands in their RUNS order whichever replica pulled each: a
     /// command waits while an earlier one of its session is still in RUNS and not in the
-    /// inbox (one stream read per command). Off, a faster replica can enqueue a later one first.
+    /// inbox (a stream read, skipped when this replica saw every command since the session's
+    /// previous one). Off, a faster replica can enqueue a later one first.
     pub keep_order: bool,
     /// Time given to in-flight runs on shutdown before they are cut.
     pub drain_timeout_ms: u64,

@@ -43,14 +43,14 @@ impl Coverage {
             }
             self.next = Some(seq + 1);
         }
-        let prev = self.last_arrived.insert(subject.to_owned(), seq);
+        let prev = record(&mut self.last_arrived, subject, seq);
         prev.filter(|p| contiguous && *p >= self.run_start && *p < seq)
     }
 
     /// Records that the command at `seq` on `subject` is in the inbox.
     pub(crate) fn enqueued(&mut self, subject: &str, seq: u64) {
         if self.last_arrived.contains_key(subject) {
-            self.enqueued.insert(subject.to_owned(), seq);
+            record(&mut self.enqueued, subject, seq);
         }
     }
 
@@ -66,6 +66,18 @@ impl Coverage {
         self.run_start = seq;
         self.last_arrived.clear();
         self.enqueued.clear();
+    }
+}
+
+/// Sets `subject`'s sequence and returns the one it replaced, copying the subject only for a
+/// session not yet in `map` (this runs for every command).
+fn record(map: &mut HashMap<String, u64>, subject: &str, seq: u64) -> Option<u64> {
+    match map.get_mut(subject) {
+        Some(held) => Some(std::mem::replace(held, seq)),
+        None => {
+            map.insert(subject.to_owned(), seq);
+            None
+        }
     }
 }
 

@@ -28,16 +28,23 @@ use crate::coverage::Coverage;
 pub(crate) struct CommandOrder {
     /// The RUNS stream; `None` when `runner.keep_order` is off.
     runs: Option<jetstream::stream::Stream<()>>,
-    /// Per session subject: the highest RUNS sequence this replica enqueued and how many of
-    /// its enqueued commands still wait for their ack. Everything up to that sequence is in
-    /// the inbox; the entry goes once nothing of the session is unacked.
-    enqueued: Mutex<HashMap<String, Unacked>>,
-    /// The deliveries this replica saw in stream order, for reads it may skip.
-    coverage: Mutex<Coverage>,
+    /// What this replica enqueued and saw, under one lock: intake, the acknowledger and the
+    /// consume loop each take it once per command.
+    known: Mutex<Known>,
     /// `agentloop_runner_order_reads_total`.
     reads: Counter,
     max_wait: Duration,
     progress_every: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    /// Per session subject: the highest RUNS sequence this replica enqueued and how many of
+    /// its enqueued commands still wait for their ack. Everything up to that sequence is in
+    /// the inbox; the entry goes once nothing of the session is unacked.
+    unacked: HashMap<String, Unacked>,
+    /// The deliveries this replica saw in stream order, for reads it may skip.
+    coverage: Coverage,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -78,8 +85,7 @@ impl CommandOrder {
     ) -> Self {
         Self {
             runs,
-            enqueued: Mutex::default(),
-            coverage: Mutex::default(),
+            known: Mutex::default(),
             reads,
             max_wait: ack_wait * max_deliver.max(2),
             progress_every: ack_wait / 3,
@@ -92,7 +98,7 @@ impl CommandOrder {
         let (Some(_), Ok(info)) = (&self.runs, msg.info()) else {
             return None;
         };
-        lock(&self.coverage).arrived(
+        lock(&self.known).coverage.arrived(
             msg.subject.as_str(),
             info.stream_sequence,
             info.delivered == 1,
@@ -102,7 +108,11 @@ impl CommandOrder {
     /// Whether `msg` may be enqueued now. `prev` is what [`CommandOrder::arrived`] said: when
     /// that command is the session's last enqueued here, no read is needed.
     pub(crate) async fn turn(&self, msg: &jetstream::Message, prev: Option<u64>) -> Turn {
-        if prev.is_some_and(|prev| lock(&self.coverage).covers(msg.subject.as_str(), prev)) {
+        if prev.is_some_and(|prev| {
+            lock(&self.known)
+                .coverage
+                .covers(msg.subject.as_str(), prev)
+        }) {
             return Turn::Now;
         }
         self.check(msg).await
@@ -203,15 +213,23 @@ impl CommandOrder {
         let (Some(_), Ok(info)) = (&self.runs, msg.info()) else {
             return;
         };
-        let mut enqueued = lock(&self.enqueued);
-        let entry = enqueued.entry(msg.subject.to_string()).or_insert(Unacked {
-            highest: 0,
-            count: 0,
-        });
-        entry.highest = entry.highest.max(info.stream_sequence);
-        entry.count += 1;
-        drop(enqueued);
-        lock(&self.coverage).enqueued(msg.subject.as_str(), info.stream_sequence);
+        let mut known = lock(&self.known);
+        let subject = msg.subject.as_str();
+        let seq = info.stream_sequence;
+        match known.unacked.get_mut(subject) {
+            Some(entry) => {
+                entry.highest = entry.highest.max(seq);
+                entry.count += 1;
+            }
+            None => {
+                let first = Unacked {
+                    highest: seq,
+                    count: 1,
+                };
+                known.unacked.insert(subject.to_owned(), first);
+            }
+        }
+        known.coverage.enqueued(subject, seq);
     }
 
     /// Records that `msg`'s command was acked or left for redelivery.
@@ -219,17 +237,17 @@ impl CommandOrder {
         if self.runs.is_none() {
             return;
         }
-        let mut enqueued = lock(&self.enqueued);
-        if let Some(entry) = enqueued.get_mut(msg.subject.as_str()) {
+        let unacked = &mut lock(&self.known).unacked;
+        if let Some(entry) = unacked.get_mut(msg.subject.as_str()) {
             entry.count = entry.count.saturating_sub(1);
             if entry.count == 0 {
-                enqueued.remove(msg.subject.as_str());
+                unacked.remove(msg.subject.as_str());
             }
         }
     }
 
     fn highest_enqueued(&self, subject: &str) -> Option<u64> {
-        lock(&self.enqueued).get(subject).map(|e| e.highest)
+        lock(&self.known).unacked.get(subject).map(|e| e.highest)
     }
 }
 
