@@ -42,6 +42,8 @@ mod principals;
 #[cfg(test)]
 mod recovery;
 #[cfg(test)]
+mod reply_order;
+#[cfg(test)]
 mod slack;
 #[cfg(test)]
 mod streams;

@@ -180,7 +180,7 @@ impl CommandOrder {
                     // earlier command may still be in it, so the wait goes on, up to the
                     // longest. Going on after one ack wait let a later command overtake one
                     // still held by a cut-off runner. The permission to read is checked at
-                    // start ([`CommandOrder::readable`]).
+                    // start (`agentloop_bus::stream_readable`).
                     let since = *unanswered_since.get_or_insert(Instant::now());
                     if since.elapsed() >= self.progress_every * 3 {
                         tracing::warn!(
@@ -248,38 +248,6 @@ impl CommandOrder {
 
     fn highest_enqueued(&self, subject: &str) -> Option<u64> {
         lock(&self.known).unacked.get(subject).map(|e| e.highest)
-    }
-}
-
-/// Whether this runner may read `runs` (`$JS.API.STREAM.MSG.GET` on it): asked for a subject
-/// no command has, until the stream answers or `patience` is over. A NATS user without the
-/// permission gets no answer at all, like a stream in an election, hence the patience.
-pub(crate) async fn readable(
-    runs: &jetstream::stream::Stream<()>,
-    prefix: &str,
-    patience: Duration,
-) -> bool {
-    let subject = format!("{prefix}.run._order_probe");
-    let deadline = Instant::now() + patience;
-    loop {
-        match runs.get_last_raw_message_by_subject(&subject).await {
-            Ok(_) => return true,
-            // Any answer of the stream's, a refusal included, says the request got through.
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    jetstream::stream::LastRawMessageErrorKind::NoMessageFound
-                        | jetstream::stream::LastRawMessageErrorKind::JetStream(_)
-                ) =>
-            {
-                return true;
-            }
-            Err(err) if Instant::now() >= deadline => {
-                tracing::warn!(error = %err, "cannot read the runs stream");
-                return false;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
     }
 }
 

@@ -51,7 +51,8 @@ pub(crate) async fn serve(
             source: Box::new(err),
         })?;
         let patience = Duration::from_millis(config.bus.ack_wait_ms.saturating_mul(2));
-        if crate::order::readable(&stream, &config.bus.prefix, patience).await {
+        let probe = format!("{}.run._order_probe", config.bus.prefix);
+        if agentloop_bus::stream_readable(&stream, &probe, patience).await {
             Some(stream)
         } else {
             // Without the read every command would wait for an answer that never comes.

@@ -189,7 +189,7 @@ async fn partition_under_load<F, Fut>(
         pool,
         accepted,
         cut_at,
-        (what, Order::Reported),
+        (what, Order::Asserted),
         || spread.logs(),
     )
     .await;
@@ -357,7 +357,7 @@ async fn a_slow_link_to_one_host_delays_its_work_and_loses_nothing() {
         &pool,
         accepted,
         started_at,
-        ("host 2 behind 200 ms ± 100 ms", Order::Reported),
+        ("host 2 behind 200 ms ± 100 ms", Order::Asserted),
         logs,
     )
     .await;

@@ -11,6 +11,7 @@ mod depth;
 mod dlq;
 mod error;
 mod in_order;
+mod probe;
 mod publish;
 mod subjects;
 
@@ -22,6 +23,7 @@ pub use depth::report_depths;
 pub use dlq::{DeadLetter, HEADER_RETRY_OF};
 pub use error::BusError;
 pub use in_order::InOrder;
+pub use probe::stream_readable;
 pub use publish::Stored;
 pub use subjects::{StreamKind, Subjects, channel_label, stream_name};
 

@@ -26,6 +26,10 @@ pub struct DeliverySettings {
     pub consumer: String,
     /// Replies delivered at once.
     pub concurrency: usize,
+    /// A session's replies reach its channel in their OUTBOUND order, also when some were
+    /// pulled through a connection that died or by another replica: a later one waits (at
+    /// most `bus.ack_wait_ms` × `bus.max_deliver`) until the earlier one is delivered.
+    pub keep_order: bool,
 }
 
 impl Default for DeliverySettings {
@@ -34,6 +38,7 @@ impl Default for DeliverySettings {
             admin_listen: String::new(),
             consumer: "delivery".to_owned(),
             concurrency: 256,
+            keep_order: true,
         }
     }
 }

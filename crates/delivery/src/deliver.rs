@@ -16,6 +16,8 @@ use agentloop_proto::{
 
 use crate::apps::Apps;
 use crate::failure::Failure;
+use crate::in_turn::{InTurn, session_of};
+use crate::order::Arrival;
 use crate::recent::{Recent, delivery_key};
 use crate::{DeliveryConfig, DeliveryError};
 
@@ -82,6 +84,8 @@ struct Ctx {
     acks: agentloop_bus::Acks,
     /// How a failed delivery is retried before the message is handed back to the server.
     retry_in_place: Backoff,
+    /// A session's replies in their stream order, whichever connection or replica got each.
+    in_turn: InTurn,
 }
 
 pub(crate) async fn serve(
@@ -102,7 +106,9 @@ pub(crate) async fn serve(
     let consumer_ready = health.component(&format!("{SERVICE} consumer"));
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
+    let in_turn = in_turn(&config, &bus, &health).await?;
     let ctx = Arc::new(Ctx {
+        in_turn,
         apps,
         dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
         bus,
@@ -146,15 +152,38 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let key = if outbound.session_id.is_empty() {
-            outbound.session_key.clone()
-        } else {
-            outbound.session_id.clone()
-        };
-        // Waiting for a free slot must not hold up a stop: an unacknowledged message comes again.
-        tokio::select! {
+        let key = session_of(&outbound).to_owned();
+        let arrival = tokio::select! {
             () = shutdown.cancelled() => break,
-            () = in_order.push(&key, (msg, outbound)) => {}
+            arrival = ctx.in_turn.arrived(&msg, &key) => arrival,
+        };
+        match arrival {
+            // Waiting for a free slot must not hold up a stop: an unacknowledged message
+            // comes again.
+            Arrival::Lane => tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = in_order.push(&key, (msg, outbound)) => {}
+            },
+            // Out of the session's lane: the earlier reply may come to this replica, queued in
+            // that lane behind this one.
+            Arrival::Wait => {
+                let (ctx, stop) = (ctx.clone(), shutdown.clone());
+                tokio::spawn(async move {
+                    let started = std::time::Instant::now();
+                    if ctx.in_turn.wait_turn(&msg, &key, &stop).await {
+                        tracing::info!(
+                            session = %key,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "reply waited for an earlier one of its session"
+                        );
+                        deliver_one(&ctx, msg, outbound).await;
+                    }
+                });
+            }
+            // The copy in hand is acked when delivered; this one needs nothing.
+            Arrival::Duplicate => {
+                tracing::debug!(session = %key, "a second copy of a reply being delivered, left alone");
+            }
         }
     }
     ready.set(false);
@@ -174,6 +203,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
             && ctx.recent.lock().is_ok_and(|recent| recent.contains(key))
         {
             tracing::info!("reply already delivered by this replica, redelivery absorbed");
+            ctx.in_turn.delivered(&msg, session_of(&outbound));
             ctx.acks.ack(msg);
             return;
         }
@@ -195,22 +225,69 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
                 {
                     recent.insert(key);
                 }
+                ctx.in_turn.delivered(&msg, session_of(&outbound));
                 ctx.acks.ack(msg);
                 if outbound.r#final && !agentloop_proto::is_no_reply(&outbound.text) {
                     ctx.bus.emit_inbox(&inbox_event(outbound)).await;
                 }
             }
             // Never acked when not delivered: the server hands it out again.
-            Err(Failure::Transient(reason)) => ctx.dead_letters.retry_later(&msg, &reason).await,
+            Err(Failure::Transient(reason)) => {
+                ctx.in_turn.handed_back(&msg, session_of(&outbound));
+                ctx.dead_letters.retry_later(&msg, &reason).await;
+            }
             Err(Failure::Permanent(reason)) => {
                 ctx.dead_letters
                     .reject(&msg, DeadReason::Refused, &reason)
-                    .await
+                    .await;
+                ctx.in_turn.delivered(&msg, session_of(&outbound));
             }
         }
     }
     .instrument(span)
     .await;
+}
+
+/// The order keeper of `delivery.keep_order`: off when the setting is, or when this replica's
+/// NATS user may not read OUTBOUND (every reply after a gap would wait for an answer that
+/// never comes).
+async fn in_turn(
+    config: &DeliveryConfig,
+    bus: &Bus,
+    health: &Health,
+) -> Result<InTurn, DeliveryError> {
+    let stream = if config.delivery.keep_order {
+        let name = agentloop_bus::stream_name(&config.bus.prefix, StreamKind::Outbound);
+        let stream = bus.jetstream().get_stream_no_info(name).await;
+        let stream = stream.map_err(|err| agentloop_bus::BusError::Admin {
+            what: "open the outbound stream".into(),
+            source: Box::new(err),
+        })?;
+        let patience = Duration::from_millis(config.bus.ack_wait_ms.saturating_mul(2));
+        let probe = format!("{}.outbound._order_probe", config.bus.prefix);
+        if agentloop_bus::stream_readable(&stream, &probe, patience).await {
+            Some(stream)
+        } else {
+            tracing::warn!(
+                "delivery.keep_order is off for this replica: it cannot read the outbound stream \
+                 (does its NATS user have $JS.API.STREAM.MSG.GET on it?); a session's replies \
+                 pulled through a lost connection may be delivered after later ones"
+            );
+            None
+        }
+    } else {
+        None
+    };
+    Ok(InTurn::new(
+        stream,
+        &config.bus.prefix,
+        Duration::from_millis(config.bus.ack_wait_ms),
+        u32::try_from(config.bus.max_deliver).unwrap_or(u32::MAX),
+        health.counter(
+            "agentloop_delivery_order_reads_total",
+            "Reads of OUTBOUND for replies that went elsewhere (delivery.keep_order).",
+        ),
+    ))
 }
 
 /// Delivers, trying again in place while the failure looks passing (a stream electing a
