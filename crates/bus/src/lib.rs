@@ -11,6 +11,8 @@ mod depth;
 mod dlq;
 mod error;
 mod in_order;
+mod in_turn;
+mod order;
 mod probe;
 mod publish;
 mod subjects;
@@ -23,6 +25,8 @@ pub use depth::report_depths;
 pub use dlq::{DeadLetter, HEADER_RETRY_OF};
 pub use error::BusError;
 pub use in_order::InOrder;
+pub use in_turn::{InTurn, KeyOf};
+pub use order::Arrival;
 pub use probe::stream_readable;
 pub use publish::Stored;
 pub use subjects::{StreamKind, Subjects, channel_label, stream_name};
@@ -341,6 +345,25 @@ where
         .as_ref()
         .and_then(|h| h.get("Content-Type").or_else(|| h.get("content-type")))
         .map(|v| v.as_str());
+    agentloop_proto::decode(content_type, &msg.payload)
+}
+
+/// Decodes a message read from a stream (not delivered by a consumer) as `T`, honouring its
+/// `Content-Type` header.
+///
+/// # Errors
+/// [`DecodeError`] describing what did not fit.
+pub fn decode_stored<T>(
+    msg: &jetstream::message::StreamMessage,
+) -> Result<(T, Encoding), DecodeError>
+where
+    T: prost::Message + Default + DeserializeOwned,
+{
+    let content_type = msg
+        .headers
+        .get("Content-Type")
+        .or_else(|| msg.headers.get("content-type"))
+        .map(async_nats::HeaderValue::as_str);
     agentloop_proto::decode(content_type, &msg.payload)
 }
 

@@ -7,7 +7,9 @@ use async_nats::jetstream::{self, AckKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, DeadLetters, DeadReason, InOrder, StreamKind, error_chain};
+use agentloop_bus::{
+    Arrival, Bus, DeadLetters, DeadReason, InOrder, InTurn, StreamKind, error_chain,
+};
 use agentloop_lifecycle::{Backoff, Counter, CounterFamily, Health, retry};
 use agentloop_proto::{
     Encoding, InboxDirection,
@@ -16,8 +18,6 @@ use agentloop_proto::{
 
 use crate::apps::Apps;
 use crate::failure::Failure;
-use crate::in_turn::{InTurn, session_of};
-use crate::order::Arrival;
 use crate::recent::{Recent, delivery_key};
 use crate::{DeliveryConfig, DeliveryError};
 
@@ -203,7 +203,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
             && ctx.recent.lock().is_ok_and(|recent| recent.contains(key))
         {
             tracing::info!("reply already delivered by this replica, redelivery absorbed");
-            ctx.in_turn.delivered(&msg, session_of(&outbound));
+            ctx.in_turn.settled(&msg, session_of(&outbound));
             ctx.acks.ack(msg);
             return;
         }
@@ -225,7 +225,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
                 {
                     recent.insert(key);
                 }
-                ctx.in_turn.delivered(&msg, session_of(&outbound));
+                ctx.in_turn.settled(&msg, session_of(&outbound));
                 ctx.acks.ack(msg);
                 if outbound.r#final && !agentloop_proto::is_no_reply(&outbound.text) {
                     ctx.bus.emit_inbox(&inbox_event(outbound)).await;
@@ -240,7 +240,7 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
                 ctx.dead_letters
                     .reject(&msg, DeadReason::Refused, &reason)
                     .await;
-                ctx.in_turn.delivered(&msg, session_of(&outbound));
+                ctx.in_turn.settled(&msg, session_of(&outbound));
             }
         }
     }
@@ -248,46 +248,37 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
     .await;
 }
 
-/// The order keeper of `delivery.keep_order`: off when the setting is, or when this replica's
-/// NATS user may not read OUTBOUND (every reply after a gap would wait for an answer that
-/// never comes).
+/// The session a reply's order is kept in (its lane key).
+fn session_of(outbound: &OutboundMessage) -> &str {
+    if outbound.session_id.is_empty() {
+        &outbound.session_key
+    } else {
+        &outbound.session_id
+    }
+}
+
+/// The order of `delivery.keep_order`, keyed by session.
 async fn in_turn(
     config: &DeliveryConfig,
     bus: &Bus,
     health: &Health,
 ) -> Result<InTurn, DeliveryError> {
-    let stream = if config.delivery.keep_order {
-        let name = agentloop_bus::stream_name(&config.bus.prefix, StreamKind::Outbound);
-        let stream = bus.jetstream().get_stream_no_info(name).await;
-        let stream = stream.map_err(|err| agentloop_bus::BusError::Admin {
-            what: "open the outbound stream".into(),
-            source: Box::new(err),
-        })?;
-        let patience = Duration::from_millis(config.bus.ack_wait_ms.saturating_mul(2));
-        let probe = format!("{}.outbound._order_probe", config.bus.prefix);
-        if agentloop_bus::stream_readable(&stream, &probe, patience).await {
-            Some(stream)
-        } else {
-            tracing::warn!(
-                "delivery.keep_order is off for this replica: it cannot read the outbound stream \
-                 (does its NATS user have $JS.API.STREAM.MSG.GET on it?); a session's replies \
-                 pulled through a lost connection may be delivered after later ones"
-            );
-            None
-        }
-    } else {
-        None
-    };
-    Ok(InTurn::new(
-        stream,
-        &config.bus.prefix,
-        Duration::from_millis(config.bus.ack_wait_ms),
-        u32::try_from(config.bus.max_deliver).unwrap_or(u32::MAX),
-        health.counter(
-            "agentloop_delivery_order_reads_total",
-            "Reads of OUTBOUND for replies that went elsewhere (delivery.keep_order).",
-        ),
-    ))
+    let reads = health.counter(
+        "agentloop_delivery_order_reads_total",
+        "Reads of OUTBOUND for replies that went elsewhere (delivery.keep_order).",
+    );
+    let key_of = Box::new(|stored: &jetstream::message::StreamMessage| {
+        let (outbound, _) = agentloop_bus::decode_stored::<OutboundMessage>(stored).ok()?;
+        Some(session_of(&outbound).to_owned())
+    });
+    Ok(bus
+        .in_turn(
+            StreamKind::Outbound,
+            config.delivery.keep_order,
+            reads,
+            key_of,
+        )
+        .await?)
 }
 
 /// Delivers, trying again in place while the failure looks passing (a stream electing a

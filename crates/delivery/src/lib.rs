@@ -8,8 +8,6 @@ mod apps;
 mod config;
 mod deliver;
 mod failure;
-mod in_turn;
-mod order;
 mod recent;
 
 pub use config::{DeliveryConfig, DeliverySettings};

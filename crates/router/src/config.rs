@@ -70,6 +70,11 @@ pub struct RouterSettings {
     /// How often the streams' depths and consumers' backlogs are read into the
     /// `agentloop_stream_messages` and `agentloop_consumer_*` gauges (0: never).
     pub depth_interval_ms: u64,
+    /// A session's inbound messages become run commands in their INBOUND order, also when
+    /// earlier ones were pulled through a connection that died or by another replica: a later
+    /// one waits (at most `bus.ack_wait_ms` × `bus.max_deliver`) until the earlier one is
+    /// routed.
+    pub keep_order: bool,
 }
 
 impl Default for RouterSettings {
@@ -80,6 +85,7 @@ impl Default for RouterSettings {
             concurrency: 256,
             session_cache_ttl_ms: 1_000,
             depth_interval_ms: 15_000,
+            keep_order: true,
         }
     }
 }

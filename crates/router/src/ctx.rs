@@ -27,6 +27,8 @@ pub(crate) struct Ctx {
     pub(crate) scanner: Option<Scanner>,
     /// The guard's decisions here, by source and decision.
     pub(crate) security: agentloop_lifecycle::CounterFamily,
+    /// A session's messages in their INBOUND order, whichever connection or replica got each.
+    pub(crate) in_turn: agentloop_bus::InTurn,
     /// Direct-message senders memory said are paired, and when.
     pub(crate) paired: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }

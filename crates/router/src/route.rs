@@ -9,7 +9,9 @@ use async_nats::jetstream::{self, AckKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use agentloop_bus::{Bus, DeadLetters, DeadReason, InOrder, StreamKind, error_chain};
+use agentloop_bus::{
+    Arrival, Bus, DeadLetters, DeadReason, InOrder, InTurn, StreamKind, error_chain,
+};
 use agentloop_lifecycle::{Backoff, Health, retry};
 use agentloop_proto::v1::{
     AuditRecord, InboundMessage, InboxEvent, ResolveSessionRequest, RunCommand, Session,
@@ -59,7 +61,9 @@ pub(crate) async fn serve(
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
     let dead_letters = DeadLetters::new(bus.clone(), SERVICE, &health);
+    let in_turn = in_turn(&config, &bus, &health).await?;
     let ctx = Arc::new(Ctx {
+        in_turn,
         bus: bus.clone(),
         dead_letters: dead_letters.clone(),
         acks,
@@ -128,11 +132,46 @@ pub(crate) async fn serve(
             )])
             .inc();
         let session_key = inbound.session_key.clone();
-        // Waiting for a free slot must not hold up a stop: a message dropped here is not
-        // acknowledged, so JetStream hands it to a replica again.
-        tokio::select! {
+        let arrival = tokio::select! {
             () = shutdown.cancelled() => break,
-            () = routing.push(&session_key, Routed { msg, inbound, span }) => {}
+            arrival = ctx.in_turn.arrived(&msg, &session_key).instrument(span.clone()) => arrival,
+        };
+        let routed = Routed { msg, inbound, span };
+        match arrival {
+            // Waiting for a free slot must not hold up a stop: a message dropped here is not
+            // acknowledged, so JetStream hands it to a replica again.
+            Arrival::Lane => tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = routing.push(&session_key, routed) => {}
+            },
+            // Out of the session's lane: the earlier message may come to this replica, queued
+            // in that lane behind this one.
+            Arrival::Wait => {
+                let (ctx, stop) = (ctx.clone(), shutdown.clone());
+                tokio::spawn(async move {
+                    let started = std::time::Instant::now();
+                    let span = routed.span.clone();
+                    async {
+                        if ctx
+                            .in_turn
+                            .wait_turn(&routed.msg, &session_key, &stop)
+                            .await
+                        {
+                            tracing::info!(
+                                waited_ms = started.elapsed().as_millis() as u64,
+                                "inbound message waited for an earlier one of its session"
+                            );
+                            route_one(&ctx, routed).await;
+                        }
+                    }
+                    .instrument(span)
+                    .await;
+                });
+            }
+            // The copy in hand is acked once routed; this one needs nothing.
+            Arrival::Duplicate => {
+                tracing::debug!(session_key = %session_key, "a second copy of a message being routed, left alone");
+            }
         }
     }
     ready.set(false);
@@ -142,6 +181,24 @@ pub(crate) async fn serve(
     drop(ctx);
     let _ = acks_sent.await;
     Ok(())
+}
+
+/// The order of `router.keep_order`, keyed by session key as validated.
+async fn in_turn(config: &RouterConfig, bus: &Bus, health: &Health) -> Result<InTurn, RouterError> {
+    let reads = health.counter(
+        "agentloop_router_order_reads_total",
+        "Reads of INBOUND for messages that went elsewhere (router.keep_order).",
+    );
+    let subjects = bus.subjects().clone();
+    let key_of = Box::new(move |stored: &jetstream::message::StreamMessage| {
+        let (mut inbound, _) = agentloop_bus::decode_stored::<InboundMessage>(stored).ok()?;
+        let channel = subjects.channel_of(&stored.subject);
+        agentloop_proto::validate_inbound(&mut inbound, channel).ok()?;
+        Some(inbound.session_key)
+    });
+    Ok(bus
+        .in_turn(StreamKind::Inbound, config.router.keep_order, reads, key_of)
+        .await?)
 }
 
 fn decode_and_validate(bus: &Bus, msg: &jetstream::Message) -> Result<InboundMessage, String> {
@@ -187,12 +244,14 @@ async fn route_one(ctx: &Ctx, routed: Routed) {
     match published {
         Ok(()) => {
             ctx.routed.inc();
+            ctx.in_turn.settled(&msg, &inbound.session_key);
             // A redelivery after a crash before this ack is deduplicated by the RunCommand's
             // message id and by the inbox's idempotency key.
             ctx.acks.ack(msg);
         }
         Err(err) => {
             ctx.retried.inc();
+            ctx.in_turn.handed_back(&msg, &inbound.session_key);
             ctx.dead_letters.retry_later(&msg, &err).await;
         }
     }
