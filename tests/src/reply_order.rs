@@ -1,6 +1,7 @@
-//! A session's replies reach its channel in their OUTBOUND order (`delivery.keep_order`), also
+//! A session's replies reach its channel in their OUTBOUND order (`delivery.keep_order`), and
+//! its inbound messages become run commands in their INBOUND order (`router.keep_order`), also
 //! when earlier ones were pulled by a replica whose connection then died (JetStream hands
-//! those out again only after the ack wait) or are being delivered, late, by another replica.
+//! those out again only after the ack wait) or are being handled, late, by another replica.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use futures::StreamExt as _;
 use serde_json::json;
 
 use agentloop_bus::{Bus, BusConfig, StreamKind};
-use agentloop_testkit::NatsServer;
+use agentloop_proto::v1::RunCommand;
+use agentloop_testkit::{NatsServer, TestDatabase};
 
 const WAIT: Duration = Duration::from_secs(20);
 const SESSION_S: &str = "0b6c3f5e-0000-4000-8000-00000000000s";
@@ -129,4 +131,98 @@ async fn replies_held_by_a_dead_connection_or_another_replica_still_go_out_befor
             .is_err()
     );
     delivery.shutdown().await.unwrap();
+}
+
+/// Pulls `n` messages of `consumer` and holds them unacked, as a replica whose connection then
+/// died would.
+async fn pull_and_hold(consumer: &PullConsumer, n: usize) -> Vec<jetstream::Message> {
+    let mut pulled = consumer.fetch().max_messages(n).messages().await.unwrap();
+    let mut held = Vec::new();
+    while held.len() < n {
+        held.push(pulled.next().await.unwrap().unwrap());
+    }
+    held
+}
+
+#[tokio::test]
+async fn inbound_messages_held_by_a_dead_connection_still_become_run_commands_before_later_ones() {
+    // Arrange: INBOUND and the router's consumer, with a short ack wait
+    agentloop_telemetry::init_for_tests();
+    let nats = NatsServer::start().unwrap();
+    let db = TestDatabase::create().await.unwrap();
+    let prefix = format!("io{}", &agentloop_bus::nuid()[20..]);
+    let bus = BusConfig {
+        url: nats.url().to_owned(),
+        prefix: prefix.clone(),
+        ack_wait_ms: 2_000,
+        ..Default::default()
+    };
+    let setup = Bus::connect(&bus, "test").await.unwrap();
+    let consumer: PullConsumer = setup
+        .durable_consumer(StreamKind::Inbound, "router")
+        .await
+        .unwrap();
+    let js = setup.jetstream().clone();
+    let say = |text: &str| {
+        let (js, subject) = (js.clone(), format!("{prefix}.inbound.cli"));
+        let body = json!({"sessionKey": "cli:in-order", "text": text}).to_string();
+        async move {
+            js.publish(subject, body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    };
+    // The first two pulled by a router whose connection dies with them.
+    say("m0").await;
+    say("m1").await;
+    let held = pull_and_hold(&consumer, 2).await;
+    say("m2").await;
+    say("m3").await;
+
+    // Act: memory and the router start, the later messages first in line
+    let mut memory_config = agentloop_memory::MemoryConfig::default();
+    memory_config.memory.listen = "127.0.0.1:0".to_owned();
+    memory_config.memory.database_url = db.url().to_owned();
+    let memory = agentloop_memory::Memory::bind(memory_config, agentloop_lifecycle::Health::new())
+        .await
+        .unwrap();
+    let mut router = agentloop_router::RouterConfig {
+        bus: bus.clone(),
+        ..Default::default()
+    };
+    router.memory.url = format!("http://{}", memory.local_addr());
+    router.models.default_model = "openai/fake-echo".to_owned();
+    let memory = agentloop_testkit::spawn("memory", move |token| async move {
+        memory.serve(token).await.map_err(|e| format!("{e:?}"))
+    });
+    let router = agentloop_testkit::spawn("router", move |token| async move {
+        agentloop_router::run(router, token)
+            .await
+            .map_err(|e| format!("{e:?}"))
+    });
+    drop(held);
+
+    // Assert: RUNS holds the session's commands in the order sent
+    let runs = js
+        .get_stream(agentloop_bus::stream_name(&prefix, StreamKind::Runs))
+        .await
+        .unwrap();
+    agentloop_testkit::wait_until("four run commands", WAIT, || {
+        let runs = runs.clone();
+        async move { (runs.get_info().await.ok()?.state.messages == 4).then_some(()) }
+    })
+    .await
+    .unwrap();
+    let first = runs.get_info().await.unwrap().state.first_sequence;
+    let mut texts = Vec::new();
+    for seq in first..first + 4 {
+        let stored = runs.get_raw_message(seq).await.unwrap();
+        let (command, _) = agentloop_bus::decode_stored::<RunCommand>(&stored).unwrap();
+        texts.push(command.text);
+    }
+    assert_eq!(texts, ["m0", "m1", "m2", "m3"]);
+    router.shutdown().await.unwrap();
+    memory.shutdown().await.unwrap();
 }
