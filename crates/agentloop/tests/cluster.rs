@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use agentloop_fake_model::{FakeModel, FakeModelConfig};
 use agentloop_testkit::{NatsCluster, ServiceProcess, TestDatabase, free_port, wait_until};
-use support::load::{self, CAPTURE, Load, Order};
+use support::load::{self, CAPTURE, Load};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentloop");
 const SESSIONS: usize = 20;
@@ -169,20 +169,13 @@ async fn under_load(fault: Fault<'_>) {
     // Assert: the history holds every guarantee.
     let pool = db.pool().await.unwrap();
     let what = format!("{what}; cluster whole again {elected:?} after it");
-    load::verify(
-        &js,
-        &pool,
-        accepted,
-        killed_at,
-        (&what, Order::Asserted),
-        || {
-            format!(
-                "stack log:\n{}\ncluster:\n{}",
-                load::tail(&stack.logs(), 80),
-                cluster.logs()
-            )
-        },
-    )
+    load::verify(&js, &pool, accepted, killed_at, &what, || {
+        format!(
+            "stack log:\n{}\ncluster:\n{}",
+            load::tail(&stack.logs(), 80),
+            cluster.logs()
+        )
+    })
     .await;
     let _ = stack.terminate();
     let _ = stack.wait_exit(Duration::from_secs(20)).await;

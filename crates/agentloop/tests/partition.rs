@@ -21,7 +21,7 @@ use agentloop_testkit::{
     ClusterPlan, DelayProxy, Hosts, Latency, NatsCluster, PrivatePostgres, ServiceProcess,
     TestDatabase, free_port, wait_until,
 };
-use support::load::{self, Load, Order, in_flight_of};
+use support::load::{self, Load, in_flight_of};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentloop");
 const READY: Duration = Duration::from_secs(60);
@@ -184,15 +184,7 @@ async fn partition_under_load<F, Fut>(
     spread.hosts.heal(1).unwrap();
     let accepted = load.finish().await;
 
-    let history = load::verify(
-        &spread.js,
-        pool,
-        accepted,
-        cut_at,
-        (what, Order::Asserted),
-        || spread.logs(),
-    )
-    .await;
+    let history = load::verify(&spread.js, pool, accepted, cut_at, what, || spread.logs()).await;
     let failover = history
         .replies
         .iter()
@@ -357,7 +349,7 @@ async fn a_slow_link_to_one_host_delays_its_work_and_loses_nothing() {
         &pool,
         accepted,
         started_at,
-        ("host 2 behind 200 ms ± 100 ms", Order::Asserted),
+        "host 2 behind 200 ms ± 100 ms",
         logs,
     )
     .await;
