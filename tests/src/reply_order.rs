@@ -17,6 +17,38 @@ const WAIT: Duration = Duration::from_secs(20);
 const SESSION_S: &str = "0b6c3f5e-0000-4000-8000-00000000000s";
 const SESSION_T: &str = "0b6c3f5e-0000-4000-8000-00000000000t";
 
+/// A stream and a service's durable consumer on a server of the test's own, with a short ack
+/// wait.
+struct Stream {
+    nats: NatsServer,
+    bus: BusConfig,
+    consumer: PullConsumer,
+    /// On the connection that pulls and holds messages, as a dying replica.
+    js: jetstream::Context,
+}
+
+impl Stream {
+    async fn open(kind: StreamKind, durable: &str) -> Self {
+        agentloop_telemetry::init_for_tests();
+        let nats = NatsServer::start().unwrap();
+        let bus = BusConfig {
+            url: nats.url().to_owned(),
+            prefix: format!("o{}", &agentloop_bus::nuid()[20..]),
+            ack_wait_ms: 2_000,
+            ..Default::default()
+        };
+        let setup = Bus::connect(&bus, "test").await.unwrap();
+        let consumer = setup.durable_consumer(kind, durable).await.unwrap();
+        let js = setup.jetstream().clone();
+        Self {
+            nats,
+            bus,
+            consumer,
+            js,
+        }
+    }
+}
+
 /// Stores a final reply of `session` in OUTBOUND, as the runner does.
 async fn store_reply(js: &jetstream::Context, prefix: &str, session: &str, text: &str) {
     let reply = json!({
@@ -56,21 +88,13 @@ async fn next_text(replies: &mut async_nats::Subscriber) -> (String, String, Ins
 #[tokio::test]
 async fn replies_held_by_a_dead_connection_or_another_replica_still_go_out_before_later_ones() {
     // Arrange: OUTBOUND and delivery's consumer, with a short ack wait
-    agentloop_telemetry::init_for_tests();
-    let nats = NatsServer::start().unwrap();
-    let prefix = format!("ro{}", &agentloop_bus::nuid()[20..]);
-    let bus = BusConfig {
-        url: nats.url().to_owned(),
-        prefix: prefix.clone(),
-        ack_wait_ms: 2_000,
-        ..Default::default()
-    };
-    let setup = Bus::connect(&bus, "test").await.unwrap();
-    let consumer: PullConsumer = setup
-        .durable_consumer(StreamKind::Outbound, "delivery")
-        .await
-        .unwrap();
-    let js = setup.jetstream().clone();
+    let Stream {
+        nats,
+        bus,
+        consumer,
+        js,
+    } = Stream::open(StreamKind::Outbound, "delivery").await;
+    let prefix = bus.prefix.clone();
     let client = async_nats::connect(nats.url()).await.unwrap();
     let mut replies = client
         .subscribe(format!("{prefix}.deliver.cli.>"))
@@ -147,22 +171,14 @@ async fn pull_and_hold(consumer: &PullConsumer, n: usize) -> Vec<jetstream::Mess
 #[tokio::test]
 async fn inbound_messages_held_by_a_dead_connection_still_become_run_commands_before_later_ones() {
     // Arrange: INBOUND and the router's consumer, with a short ack wait
-    agentloop_telemetry::init_for_tests();
-    let nats = NatsServer::start().unwrap();
+    let Stream {
+        nats: _nats,
+        bus,
+        consumer,
+        js,
+    } = Stream::open(StreamKind::Inbound, "router").await;
+    let prefix = bus.prefix.clone();
     let db = TestDatabase::create().await.unwrap();
-    let prefix = format!("io{}", &agentloop_bus::nuid()[20..]);
-    let bus = BusConfig {
-        url: nats.url().to_owned(),
-        prefix: prefix.clone(),
-        ack_wait_ms: 2_000,
-        ..Default::default()
-    };
-    let setup = Bus::connect(&bus, "test").await.unwrap();
-    let consumer: PullConsumer = setup
-        .durable_consumer(StreamKind::Inbound, "router")
-        .await
-        .unwrap();
-    let js = setup.jetstream().clone();
     let say = |text: &str| {
         let (js, subject) = (js.clone(), format!("{prefix}.inbound.cli"));
         let body = json!({"sessionKey": "cli:in-order", "text": text}).to_string();
