@@ -28,13 +28,13 @@ struct Stream {
 }
 
 impl Stream {
-    async fn open(kind: StreamKind, durable: &str) -> Self {
+    async fn open(kind: StreamKind, durable: &str, ack_wait_ms: u64) -> Self {
         agentloop_telemetry::init_for_tests();
         let nats = NatsServer::start().unwrap();
         let bus = BusConfig {
             url: nats.url().to_owned(),
             prefix: format!("o{}", &agentloop_bus::nuid()[20..]),
-            ack_wait_ms: 2_000,
+            ack_wait_ms,
             ..Default::default()
         };
         let setup = Bus::connect(&bus, "test").await.unwrap();
@@ -93,7 +93,7 @@ async fn replies_held_by_a_dead_connection_or_another_replica_still_go_out_befor
         bus,
         consumer,
         js,
-    } = Stream::open(StreamKind::Outbound, "delivery").await;
+    } = Stream::open(StreamKind::Outbound, "delivery", 2_000).await;
     let prefix = bus.prefix.clone();
     let client = async_nats::connect(nats.url()).await.unwrap();
     let mut replies = client
@@ -107,11 +107,7 @@ async fn replies_held_by_a_dead_connection_or_another_replica_still_go_out_befor
     store_reply(&js, &prefix, SESSION_S, "s0").await;
     store_reply(&js, &prefix, SESSION_S, "s1").await;
     store_reply(&js, &prefix, SESSION_T, "t0").await;
-    let mut pulled = consumer.fetch().max_messages(3).messages().await.unwrap();
-    let mut held = Vec::new();
-    while held.len() < 3 {
-        held.push(pulled.next().await.unwrap().unwrap());
-    }
+    let mut held = pull_and_hold(&consumer, 3).await;
     store_reply(&js, &prefix, SESSION_S, "s2").await;
     store_reply(&js, &prefix, SESSION_S, "s3").await;
     store_reply(&js, &prefix, SESSION_T, "t1").await;
@@ -176,7 +172,7 @@ async fn inbound_messages_held_by_a_dead_connection_still_become_run_commands_be
         bus,
         consumer,
         js,
-    } = Stream::open(StreamKind::Inbound, "router").await;
+    } = Stream::open(StreamKind::Inbound, "router", 2_000).await;
     let prefix = bus.prefix.clone();
     let db = TestDatabase::create().await.unwrap();
     let say = |text: &str| {
@@ -241,4 +237,163 @@ async fn inbound_messages_held_by_a_dead_connection_still_become_run_commands_be
     assert_eq!(texts, ["m0", "m1", "m2", "m3"]);
     router.shutdown().await.unwrap();
     memory.shutdown().await.unwrap();
+}
+
+/// Stores replies `rounds` of every one of `sessions` sessions, round by round, as a burst.
+async fn store_rounds(
+    js: &jetstream::Context,
+    prefix: &str,
+    sessions: usize,
+    rounds: std::ops::Range<usize>,
+) {
+    let mut acks = Vec::new();
+    for i in rounds {
+        for s in 0..sessions {
+            let reply = json!({
+                "channel": "cli",
+                "sessionId": format!("session-{s:02}"),
+                "text": format!("{i}"),
+                "final": true,
+                "runId": format!("run-{s}-{i}"),
+            });
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Content-Type", "application/json");
+            let subject = format!("{prefix}.outbound.cli");
+            let body = reply.to_string().into();
+            acks.push(
+                js.publish_with_headers(subject, headers, body)
+                    .await
+                    .unwrap(),
+            );
+        }
+    }
+    for ack in acks {
+        ack.await.unwrap();
+    }
+}
+
+/// A delivery's counter `name` from its `/metrics`.
+async fn counter(admin: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Starts a delivery replica on `bus` with its admin server on a port of its own; returns it
+/// once it is consuming, with its admin address.
+async fn start_delivery(bus: BusConfig) -> (agentloop_testkit::ServiceHandle<String>, String) {
+    let admin = format!("127.0.0.1:{}", agentloop_testkit::free_port().unwrap());
+    let mut config = agentloop_delivery::DeliveryConfig {
+        bus,
+        ..Default::default()
+    };
+    config.delivery.admin_listen = admin.clone();
+    let replica = agentloop_testkit::spawn("delivery", move |token| async move {
+        agentloop_delivery::run(config, token)
+            .await
+            .map_err(|e| format!("{e:?}"))
+    });
+    agentloop_testkit::wait_until("delivery consuming", WAIT, || {
+        let admin = admin.clone();
+        async move {
+            let ready = reqwest::get(format!("http://{admin}/readyz")).await.ok()?;
+            ready.status().is_success().then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    (replica, admin)
+}
+
+#[tokio::test]
+async fn two_delivery_replicas_sharing_the_stream_keep_each_sessions_replies_in_order() {
+    // Arrange: a delivery replica behind a slow link (100 ms each way)
+    const SESSIONS: usize = 30;
+    const EACH: usize = 10;
+    // An ack wait well past the slow link's round trips, as a deployment would have.
+    let Stream { nats, bus, js, .. } = Stream::open(StreamKind::Outbound, "delivery", 10_000).await;
+    let prefix = bus.prefix.clone();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let mut replies = client
+        .subscribe(format!("{prefix}.deliver.cli.>"))
+        .await
+        .unwrap();
+    agentloop_testkit::round_trip(&client).await.unwrap();
+    let slow_link = agentloop_testkit::DelayProxy::start(
+        "127.0.0.1",
+        nats.url().trim_start_matches("nats://"),
+        agentloop_testkit::Latency {
+            base: Duration::from_millis(100),
+            jitter: Duration::ZERO,
+        },
+    )
+    .await
+    .unwrap();
+    let url = format!("nats://{}", slow_link.addr());
+    let slow = start_delivery(BusConfig { url, ..bus.clone() }).await;
+
+    // Act: the slow replica takes the first half of every session's replies; a second replica
+    // starts and shares the rest with it (JetStream takes turns between their pulls), and
+    // could deliver its share long before the slow one's land
+    let outbound = js
+        .get_stream(agentloop_bus::stream_name(&prefix, StreamKind::Outbound))
+        .await
+        .unwrap();
+    let consumer_has = |what: &'static str, held: fn(&jetstream::consumer::Info) -> bool| {
+        let outbound = outbound.clone();
+        agentloop_testkit::wait_until(what, WAIT, move || {
+            let outbound = outbound.clone();
+            async move {
+                let info = outbound.consumer_info("delivery").await.ok()?;
+                held(&info).then_some(())
+            }
+        })
+    };
+    consumer_has("the slow replica's pull at the server", |i| {
+        i.num_waiting >= 1
+    })
+    .await
+    .unwrap();
+    store_rounds(&js, &prefix, SESSIONS, 0..EACH / 2).await;
+    consumer_has("the first half pulled", |i| i.num_ack_pending == 150)
+        .await
+        .unwrap();
+    let fast = start_delivery(bus.clone()).await;
+    store_rounds(&js, &prefix, SESSIONS, EACH / 2..EACH).await;
+
+    // Assert: every reply once, each session's in the order stored
+    let mut got: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for _ in 0..SESSIONS * EACH {
+        let (session, text, _) = next_text(&mut replies).await;
+        got.entry(session).or_default().push(text);
+    }
+    let stored: Vec<String> = (0..EACH).map(|i| i.to_string()).collect();
+    for (session, texts) in &got {
+        assert_eq!(texts, &stored, "{session}'s replies");
+    }
+    assert_eq!(got.len(), SESSIONS);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), replies.next())
+            .await
+            .is_err(),
+        "a reply delivered twice"
+    );
+    // Both replicas had some: the sessions' replies were split between them.
+    for (name, admin) in [("slow", &slow.1), ("fast", &fast.1)] {
+        let delivered = counter(admin, "agentloop_delivery_delivered_total").await;
+        let reads = counter(admin, "agentloop_delivery_order_reads_total").await;
+        println!("{name} replica: delivered {delivered}, order reads {reads}");
+        assert!(delivered > 0.0, "the {name} replica delivered nothing");
+    }
+    slow.0.shutdown().await.unwrap();
+    fast.0.shutdown().await.unwrap();
 }

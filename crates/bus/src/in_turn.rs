@@ -4,10 +4,11 @@
 //! replies.
 
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::StreamMessage};
+use futures::StreamExt as _;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,10 @@ use crate::{Bus, BusError, StreamKind};
 /// Most messages read for one gap: a gap is the messages other replicas (or a dead connection)
 /// hold, at most their unacked ones.
 const MAX_GAP_READS: usize = 10_000;
+/// Largest gap read one sequence at a time; a larger one is scanned.
+const ONE_BY_ONE: u64 = 256;
+/// Reads of one gap in flight at once.
+const READS_AT_ONCE: usize = 32;
 /// How often the messages known to be elsewhere are checked against the stream's start.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -34,7 +39,7 @@ pub struct InTurn {
     /// Every subject of the stream.
     all: String,
     key_of: KeyOf,
-    order: Mutex<StreamOrder>,
+    order: Arc<Mutex<StreamOrder>>,
     /// Told whenever a message is settled, for the messages waiting behind it.
     settled: Notify,
     /// Reads of the stream for messages that went elsewhere.
@@ -90,7 +95,7 @@ impl Bus {
             stream,
             all: subjects,
             key_of,
-            order: Mutex::new(StreamOrder::new(max_wait)),
+            order: Arc::new(Mutex::new(StreamOrder::new(max_wait))),
             settled: Notify::new(),
             reads,
             max_wait,
@@ -101,28 +106,85 @@ impl Bus {
 }
 
 impl InTurn {
-    /// Records `msg`'s arrival (in the order the consumer delivers), reading the stream for
-    /// the messages of any gap before it, and says where it goes.
-    pub async fn arrived(&self, msg: &jetstream::Message, key: &str) -> Arrival {
+    /// Notes the delivery of `msg` (in the order the consumer delivers): its stream sequence,
+    /// and the sequences skipped since the previous one, whose messages went elsewhere and are
+    /// to be read ([`InTurn::read_gap`]). `None` when the order is not kept.
+    pub(crate) fn note(&self, msg: &jetstream::Message) -> Option<(u64, Option<Range<u64>>)> {
         let (Some(stream), Ok(info)) = (&self.stream, msg.info()) else {
-            return Arrival::Lane;
+            return None;
         };
         let seq = info.stream_sequence;
         let gap = lock(&self.order).gap(seq, info.delivered == 1);
-        if let Some(gap) = gap {
-            self.read_gap(stream, gap).await;
-        }
-        self.sweep(stream).await;
+        self.sweep(stream);
+        Some((seq, gap))
+    }
+
+    /// Where the message at `seq` of `key` goes, once every gap noted before it is read.
+    pub(crate) fn place(&self, key: &str, seq: u64) -> Arrival {
         lock(&self.order).arrived(key, seq)
     }
 
-    /// Reads the messages in `gap` still in the stream and records their keys. A stream that
-    /// does not answer (an election) is asked again for up to one progress interval; past that
-    /// the rest of the gap is not waited for.
-    async fn read_gap(&self, stream: &jetstream::stream::Stream<()>, gap: Range<u64>) {
+    /// Reads the messages in `gap` still in the stream and records their keys: one by one,
+    /// several at once, for a gap of the usual size (what other replicas took since this one's
+    /// last delivery); by a scan that skips settled ones for a larger gap (after a start). The
+    /// messages already delivered to this replica wait meanwhile, so the reading stops after
+    /// a third of the ack wait, before they could be handed out again: the rest of the gap is
+    /// not waited for.
+    pub(crate) async fn read_gap(&self, gap: Range<u64>) {
+        let Some(stream) = &self.stream else {
+            return;
+        };
+        let read = async {
+            if gap.end - gap.start <= ONE_BY_ONE {
+                futures::stream::iter(gap.clone())
+                    .map(|seq| self.read_at(stream, seq))
+                    .buffer_unordered(READS_AT_ONCE)
+                    .for_each(|found| async move {
+                        if let Some(message) = found {
+                            self.record_away(&message);
+                        }
+                    })
+                    .await;
+            } else {
+                self.scan(stream, gap.clone()).await;
+            }
+        };
+        let deadline = Instant::now() + self.progress_every;
+        if tokio::time::timeout_at(deadline, read).await.is_err() {
+            tracing::warn!(
+                from = gap.start,
+                until = gap.end,
+                "cannot read in time the messages that went elsewhere; their sessions' later \
+                 messages are not held for them"
+            );
+        }
+    }
+
+    /// The message at `seq`, `None` once it is settled; asked again while the stream does not
+    /// answer (an election).
+    async fn read_at(
+        &self,
+        stream: &jetstream::stream::Stream<()>,
+        seq: u64,
+    ) -> Option<StreamMessage> {
+        let mut pause = Duration::from_millis(10);
+        loop {
+            self.reads.inc();
+            match stream.get_raw_message(seq).await {
+                Ok(message) => return Some(message),
+                Err(err) if not_found(&err) => return None,
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// Reads the messages of `gap` in order, each read skipping the settled ones before it.
+    async fn scan(&self, stream: &jetstream::stream::Stream<()>, gap: Range<u64>) {
         let mut from = gap.start;
         let mut pause = Duration::from_millis(10);
-        let give_up_at = Instant::now() + self.progress_every;
         for _ in 0..MAX_GAP_READS {
             self.reads.inc();
             let read = stream
@@ -133,24 +195,11 @@ impl InTurn {
                 .await;
             match read {
                 Ok(message) if message.sequence < gap.end => {
-                    if let Some(key) = (self.key_of)(&message) {
-                        lock(&self.order).away(&key, message.sequence, std::time::Instant::now());
-                    }
+                    self.record_away(&message);
                     from = message.sequence + 1;
                 }
                 Ok(_) => return,
-                Err(err)
-                    if matches!(
-                        err.kind(),
-                        jetstream::stream::RawMessageErrorKind::NoMessageFound
-                    ) =>
-                {
-                    return;
-                }
-                Err(err) if Instant::now() >= give_up_at => {
-                    tracing::warn!(error = %err, from, until = gap.end, "cannot read the messages that went elsewhere; their sessions' later messages are not held for them");
-                    return;
-                }
+                Err(err) if not_found(&err) => return,
                 Err(_) => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
@@ -163,9 +212,16 @@ impl InTurn {
         );
     }
 
+    fn record_away(&self, message: &StreamMessage) {
+        if let Some(key) = (self.key_of)(message) {
+            lock(&self.order).away(&key, message.sequence, std::time::Instant::now());
+        }
+    }
+
     /// Now and then, while messages are known to be elsewhere, forgets those gone from the
-    /// stream's start (settled by another replica, long ago).
-    async fn sweep(&self, stream: &jetstream::stream::Stream<()>) {
+    /// stream's start (settled by another replica, long ago). Off the consume loop: the
+    /// messages delivered to this replica must not wait on it.
+    fn sweep(&self, stream: &jetstream::stream::Stream<()>) {
         {
             let mut swept_at = lock(&self.swept_at);
             if swept_at.elapsed() < SWEEP_EVERY || !lock(&self.order).any_away() {
@@ -173,13 +229,12 @@ impl InTurn {
             }
             *swept_at = Instant::now();
         }
-        let first = stream
-            .get_info()
-            .await
-            .map(|info| info.state.first_sequence);
-        if let Ok(first) = first {
-            lock(&self.order).sweep(first, std::time::Instant::now());
-        }
+        let (stream, order) = (stream.clone(), self.order.clone());
+        tokio::spawn(async move {
+            if let Ok(info) = stream.get_info().await {
+                lock(&order).sweep(info.state.first_sequence, std::time::Instant::now());
+            }
+        });
     }
 
     /// Holds `msg` of `key` until every earlier message of its key is settled, looking up
@@ -202,17 +257,14 @@ impl InTurn {
         let mut pause = Duration::from_millis(2);
         loop {
             let settled = self.settled.notified();
-            let away = match lock(&self.order).turn(key, seq, std::time::Instant::now()) {
+            let look_up = match lock(&self.order).turn(key, seq, std::time::Instant::now()) {
                 Ok(()) => return true,
-                Err(away) => away,
+                Err(look_up) => look_up,
             };
             if Instant::now() >= look_at {
-                for earlier in away {
+                if let Some(earlier) = look_up {
                     self.reads.inc();
-                    let gone = matches!(
-                        stream.get_raw_message(earlier).await,
-                        Err(err) if matches!(err.kind(), jetstream::stream::RawMessageErrorKind::NoMessageFound)
-                    );
+                    let gone = matches!(stream.get_raw_message(earlier).await, Err(err) if not_found(&err));
                     if gone {
                         self.settle(key, earlier);
                     }
@@ -259,6 +311,14 @@ impl InTurn {
         lock(&self.order).done(key, seq);
         self.settled.notify_waiters();
     }
+}
+
+/// Whether the stream said it has no such message (settled, or never stored).
+fn not_found(err: &jetstream::stream::RawMessageError) -> bool {
+    matches!(
+        err.kind(),
+        jetstream::stream::RawMessageErrorKind::NoMessageFound
+    )
 }
 
 /// Locks `mutex`, also after a panic elsewhere: each holder leaves it consistent.

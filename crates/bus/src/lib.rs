@@ -4,6 +4,7 @@
 //! anything that cannot be processed ([`DeadLetters`]).
 
 mod acks;
+mod arrivals;
 mod config;
 mod consume;
 mod dead_letters;
@@ -18,6 +19,7 @@ mod publish;
 mod subjects;
 
 pub use acks::Acks;
+pub use arrivals::{Arrivals, Arrived};
 pub use config::{BusConfig, EventsEncoding, redact_url};
 pub use consume::Deliveries;
 pub use dead_letters::{DeadLetters, DeadReason};

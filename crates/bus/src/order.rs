@@ -121,10 +121,12 @@ impl StreamOrder {
         arrival
     }
 
-    /// Whether the waiting message at `seq` of `key` may go: nothing earlier of its key
-    /// is left. Otherwise the earlier messages that are elsewhere, to look up whether they are
-    /// gone from the stream. A message elsewhere longer than the longest wait no longer counts.
-    pub(crate) fn turn(&mut self, key: &str, seq: u64, now: Instant) -> Result<(), Vec<u64>> {
+    /// Whether the waiting message at `seq` of `key` may go: nothing earlier of its key is
+    /// left. Otherwise, for the key's earliest waiting message only, the earliest earlier
+    /// message elsewhere, to look up whether it is gone from the stream (one look-up per key,
+    /// however many wait behind it). A message elsewhere longer than the longest wait no longer
+    /// counts.
+    pub(crate) fn turn(&mut self, key: &str, seq: u64, now: Instant) -> Result<(), Option<u64>> {
         let Some(messages) = self.keys.get_mut(key) else {
             return Ok(());
         };
@@ -138,10 +140,15 @@ impl StreamOrder {
         if earlier.peek().is_none() {
             return Ok(());
         }
-        Err(earlier
-            .filter(|(_, place)| matches!(place, Place::Away(_)))
-            .map(|(s, _)| *s)
-            .collect())
+        let mut first_away = None;
+        for (s, place) in earlier {
+            match place {
+                Place::Waiting => return Err(None),
+                Place::Away(_) if first_away.is_none() => first_away = Some(*s),
+                _ => {}
+            }
+        }
+        Err(first_away)
     }
 
     /// The message at `seq` of `key` is settled: delivered or dead-lettered here, or found
@@ -217,11 +224,11 @@ mod tests {
         order.away("s", 4, now);
         order.away("t", 5, now);
         assert_eq!(order.arrived("s", 6), Arrival::Wait);
-        assert_eq!(order.turn("s", 6, now), Err(vec![4]));
+        assert_eq!(order.turn("s", 6, now), Err(Some(4)));
         assert_eq!(order.arrived("t", 7), Arrival::Wait);
         // 4 comes again, here: its key's first, into the lane.
         assert_eq!(order.arrived("s", 4), Arrival::Lane);
-        assert_eq!(order.turn("s", 6, now), Err(vec![]), "4 is in the lane");
+        assert_eq!(order.turn("s", 6, now), Err(None), "4 is in the lane");
         order.done("s", 4);
         assert_eq!(order.turn("s", 6, now), Ok(()));
         // 5 was delivered by another replica: found gone from the stream.
@@ -242,10 +249,24 @@ mod tests {
         order.done("s", 1);
         order.done("s", 2);
         order.done("s", 3);
-        assert_eq!(order.turn("s", 5, now), Err(vec![]), "4 goes first");
+        assert_eq!(order.turn("s", 5, now), Err(None), "4 goes first");
         assert_eq!(order.turn("s", 4, now), Ok(()));
         order.done("s", 4);
         assert_eq!(order.turn("s", 5, now), Ok(()));
+    }
+
+    #[test]
+    fn only_a_keys_earliest_waiting_message_looks_up_the_earliest_one_elsewhere() {
+        let now = Instant::now();
+        let mut order = StreamOrder::new(WAIT);
+        order.away("s", 1, now);
+        order.away("s", 2, now);
+        assert_eq!(order.arrived("s", 3), Arrival::Wait);
+        assert_eq!(order.arrived("s", 4), Arrival::Wait);
+        assert_eq!(order.turn("s", 3, now), Err(Some(1)));
+        assert_eq!(order.turn("s", 4, now), Err(None), "3 looks");
+        order.done("s", 1);
+        assert_eq!(order.turn("s", 3, now), Err(Some(2)));
     }
 
     #[test]
@@ -264,7 +285,7 @@ mod tests {
         assert_eq!(order.arrived("s", 1), Arrival::Lane);
         order.handed_back("s", 1, now);
         assert_eq!(order.arrived("s", 2), Arrival::Wait);
-        assert_eq!(order.turn("s", 2, now), Err(vec![1]));
+        assert_eq!(order.turn("s", 2, now), Err(Some(1)));
     }
 
     #[test]

@@ -8,7 +8,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use agentloop_bus::{
-    Arrival, Bus, DeadLetters, DeadReason, InOrder, InTurn, StreamKind, error_chain,
+    Arrival, Arrivals, Arrived, Bus, DeadLetters, DeadReason, InOrder, InTurn, StreamKind,
+    error_chain,
 };
 use agentloop_lifecycle::{Backoff, Counter, CounterFamily, Health, retry};
 use agentloop_proto::{
@@ -85,7 +86,7 @@ struct Ctx {
     /// How a failed delivery is retried before the message is handed back to the server.
     retry_in_place: Backoff,
     /// A session's replies in their stream order, whichever connection or replica got each.
-    in_turn: InTurn,
+    in_turn: Arc<InTurn>,
 }
 
 pub(crate) async fn serve(
@@ -106,7 +107,7 @@ pub(crate) async fn serve(
     let consumer_ready = health.component(&format!("{SERVICE} consumer"));
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
-    let in_turn = in_turn(&config, &bus, &health).await?;
+    let in_turn = Arc::new(in_turn(&config, &bus, &health).await?);
     let ctx = Arc::new(Ctx {
         in_turn,
         apps,
@@ -138,51 +139,40 @@ pub(crate) async fn serve(
     );
     ready.set(true);
     tracing::info!("delivery consuming outbound messages");
+    let mut arrivals = Arrivals::new(ctx.in_turn.clone());
     loop {
-        let msg = tokio::select! {
+        tokio::select! {
             () = shutdown.cancelled() => break,
-            msg = messages.next() => msg,
-        };
-        let outbound = match agentloop_bus::decode::<OutboundMessage>(&msg) {
-            Ok((outbound, _)) => outbound,
-            Err(err) => {
-                ctx.dead_letters
-                    .reject(&msg, DeadReason::Invalid, &error_chain(&err))
-                    .await;
-                continue;
-            }
-        };
-        let key = session_of(&outbound).to_owned();
-        let arrival = tokio::select! {
-            () = shutdown.cancelled() => break,
-            arrival = ctx.in_turn.arrived(&msg, &key) => arrival,
-        };
-        match arrival {
-            // Waiting for a free slot must not hold up a stop: an unacknowledged message
-            // comes again.
-            Arrival::Lane => tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = in_order.push(&key, (msg, outbound)) => {}
-            },
-            // Out of the session's lane: the earlier reply may come to this replica, queued in
-            // that lane behind this one.
-            Arrival::Wait => {
-                let (ctx, stop) = (ctx.clone(), shutdown.clone());
-                tokio::spawn(async move {
-                    let started = std::time::Instant::now();
-                    if ctx.in_turn.wait_turn(&msg, &key, &stop).await {
-                        tracing::info!(
-                            session = %key,
-                            waited_ms = started.elapsed().as_millis() as u64,
-                            "reply waited for an earlier one of its session"
-                        );
-                        deliver_one(&ctx, msg, outbound).await;
+            arrived = arrivals.next() => {
+                let Arrived { msg, key, item: outbound, arrival } = arrived;
+                match arrival {
+                    // Waiting for a free slot must not hold up a stop: an unacknowledged
+                    // message comes again.
+                    Arrival::Lane => tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = in_order.push(&key, (msg, outbound)) => {}
+                    },
+                    // Out of the session's lane: the earlier reply may come to this replica,
+                    // queued in that lane behind this one.
+                    Arrival::Wait => wait_then_deliver(ctx.clone(), msg, outbound, key, shutdown.clone()),
+                    // The copy in hand is acked when delivered; this one needs nothing.
+                    Arrival::Duplicate => {
+                        tracing::debug!(session = %key, "a second copy of a reply being delivered, left alone");
                     }
-                });
+                }
             }
-            // The copy in hand is acked when delivered; this one needs nothing.
-            Arrival::Duplicate => {
-                tracing::debug!(session = %key, "a second copy of a reply being delivered, left alone");
+            msg = messages.next(), if arrivals.has_room() => {
+                match agentloop_bus::decode::<OutboundMessage>(&msg) {
+                    Ok((outbound, _)) => {
+                        let key = session_of(&outbound).to_owned();
+                        arrivals.push(msg, key, outbound);
+                    }
+                    Err(err) => {
+                        ctx.dead_letters
+                            .reject(&msg, DeadReason::Invalid, &error_chain(&err))
+                            .await;
+                    }
+                }
             }
         }
     }
@@ -192,6 +182,27 @@ pub(crate) async fn serve(
     drop(ctx);
     let _ = acks_sent.await;
     Ok(())
+}
+
+/// Delivers `msg` once every earlier reply of its session is delivered, out of its lane.
+fn wait_then_deliver(
+    ctx: Arc<Ctx>,
+    msg: jetstream::Message,
+    outbound: OutboundMessage,
+    key: String,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        if ctx.in_turn.wait_turn(&msg, &key, &stop).await {
+            tracing::info!(
+                session = %key,
+                waited_ms = started.elapsed().as_millis() as u64,
+                "reply waited for an earlier one of its session"
+            );
+            deliver_one(&ctx, msg, outbound).await;
+        }
+    });
 }
 
 async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessage) {

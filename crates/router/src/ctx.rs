@@ -28,7 +28,7 @@ pub(crate) struct Ctx {
     /// The guard's decisions here, by source and decision.
     pub(crate) security: agentloop_lifecycle::CounterFamily,
     /// A session's messages in their INBOUND order, whichever connection or replica got each.
-    pub(crate) in_turn: agentloop_bus::InTurn,
+    pub(crate) in_turn: std::sync::Arc<agentloop_bus::InTurn>,
     /// Direct-message senders memory said are paired, and when.
     pub(crate) paired: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }

@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use agentloop_bus::{
-    Arrival, Bus, DeadLetters, DeadReason, InOrder, InTurn, StreamKind, error_chain,
+    Arrival, Arrivals, Arrived, Bus, DeadLetters, DeadReason, InOrder, InTurn, StreamKind,
+    error_chain,
 };
 use agentloop_lifecycle::{Backoff, Health, retry};
 use agentloop_proto::v1::{
@@ -61,7 +62,7 @@ pub(crate) async fn serve(
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
     let dead_letters = DeadLetters::new(bus.clone(), SERVICE, &health);
-    let in_turn = in_turn(&config, &bus, &health).await?;
+    let in_turn = Arc::new(in_turn(&config, &bus, &health).await?);
     let ctx = Arc::new(Ctx {
         in_turn,
         bus: bus.clone(),
@@ -107,70 +108,52 @@ pub(crate) async fn serve(
     );
     ready.set(true);
     tracing::info!(prefix = %config.bus.prefix, "router consuming inbound messages");
+    let mut arrivals = Arrivals::new(ctx.in_turn.clone());
     loop {
-        let msg = tokio::select! {
+        tokio::select! {
             () = shutdown.cancelled() => break,
-            msg = messages.next() => msg,
-        };
-        let span = tracing::info_span!("route", subject = %msg.subject, session_key = tracing::field::Empty);
-        agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
-        let inbound = match decode_and_validate(&bus, &msg) {
-            Ok(inbound) => inbound,
-            Err(reason) => {
-                dead_letters
-                    .reject(&msg, DeadReason::Invalid, &reason)
-                    .instrument(span)
-                    .await;
-                continue;
-            }
-        };
-        span.record("session_key", inbound.session_key.as_str());
-        received
-            .get_or_create(&vec![(
-                "channel",
-                agentloop_bus::channel_label(bus.subjects().channel_of(&msg.subject)).to_owned(),
-            )])
-            .inc();
-        let session_key = inbound.session_key.clone();
-        let arrival = tokio::select! {
-            () = shutdown.cancelled() => break,
-            arrival = ctx.in_turn.arrived(&msg, &session_key).instrument(span.clone()) => arrival,
-        };
-        let routed = Routed { msg, inbound, span };
-        match arrival {
-            // Waiting for a free slot must not hold up a stop: a message dropped here is not
-            // acknowledged, so JetStream hands it to a replica again.
-            Arrival::Lane => tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = routing.push(&session_key, routed) => {}
-            },
-            // Out of the session's lane: the earlier message may come to this replica, queued
-            // in that lane behind this one.
-            Arrival::Wait => {
-                let (ctx, stop) = (ctx.clone(), shutdown.clone());
-                tokio::spawn(async move {
-                    let started = std::time::Instant::now();
-                    let span = routed.span.clone();
-                    async {
-                        if ctx
-                            .in_turn
-                            .wait_turn(&routed.msg, &session_key, &stop)
-                            .await
-                        {
-                            tracing::info!(
-                                waited_ms = started.elapsed().as_millis() as u64,
-                                "inbound message waited for an earlier one of its session"
-                            );
-                            route_one(&ctx, routed).await;
-                        }
+            arrived = arrivals.next() => {
+                let Arrived { msg, key, item: (inbound, span), arrival } = arrived;
+                let routed = Routed { msg, inbound, span };
+                match arrival {
+                    // Waiting for a free slot must not hold up a stop: a message dropped here
+                    // is not acknowledged, so JetStream hands it to a replica again.
+                    Arrival::Lane => tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = routing.push(&key, routed) => {}
+                    },
+                    // Out of the session's lane: the earlier message may come to this replica,
+                    // queued in that lane behind this one.
+                    Arrival::Wait => wait_then_route(ctx.clone(), routed, key, shutdown.clone()),
+                    // The copy in hand is acked once routed; this one needs nothing.
+                    Arrival::Duplicate => {
+                        tracing::debug!(session_key = %key, "a second copy of a message being routed, left alone");
                     }
-                    .instrument(span)
-                    .await;
-                });
+                }
             }
-            // The copy in hand is acked once routed; this one needs nothing.
-            Arrival::Duplicate => {
-                tracing::debug!(session_key = %session_key, "a second copy of a message being routed, left alone");
+            msg = messages.next(), if arrivals.has_room() => {
+                let span = tracing::info_span!("route", subject = %msg.subject, session_key = tracing::field::Empty);
+                agentloop_telemetry::set_parent_from_nats(&span, msg.headers.as_ref());
+                match decode_and_validate(&bus, &msg) {
+                    Ok(inbound) => {
+                        span.record("session_key", inbound.session_key.as_str());
+                        let channel = bus.subjects().channel_of(&msg.subject);
+                        received
+                            .get_or_create(&vec![(
+                                "channel",
+                                agentloop_bus::channel_label(channel).to_owned(),
+                            )])
+                            .inc();
+                        let key = inbound.session_key.clone();
+                        arrivals.push(msg, key, (inbound, span));
+                    }
+                    Err(reason) => {
+                        dead_letters
+                            .reject(&msg, DeadReason::Invalid, &reason)
+                            .instrument(span)
+                            .await;
+                    }
+                }
             }
         }
     }
@@ -221,6 +204,24 @@ fn decode_and_validate(bus: &Bus, msg: &jetstream::Message) -> Result<InboundMes
         inbound.reply_encoding = encoding.name().to_owned();
     }
     Ok(inbound)
+}
+
+/// Routes `routed` once every earlier message of its session is routed, out of its lane.
+fn wait_then_route(ctx: Arc<Ctx>, routed: Routed, key: String, stop: CancellationToken) {
+    let span = routed.span.clone();
+    tokio::spawn(
+        async move {
+            let started = std::time::Instant::now();
+            if ctx.in_turn.wait_turn(&routed.msg, &key, &stop).await {
+                tracing::info!(
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "inbound message waited for an earlier one of its session"
+                );
+                route_one(&ctx, routed).await;
+            }
+        }
+        .instrument(span),
+    );
 }
 
 async fn route_one(ctx: &Ctx, routed: Routed) {
