@@ -6,24 +6,13 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::harness::secured::{self, SecuredStack};
-use crate::harness::{Sandbox, SandboxOptions, next_reply};
+use crate::harness::{Sandbox, SandboxOptions, metric, next_reply};
 
 const WAIT: Duration = Duration::from_secs(20);
 
 /// `agentloop_runner_order_reads_total` from the runner's `/metrics`.
 async fn order_reads(admin: &str) -> f64 {
-    let text = reqwest::get(format!("http://{admin}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("agentloop_runner_order_reads_total "))
-        .unwrap_or_else(|| panic!("no order reads counter in:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
+    metric(admin, "agentloop_runner_order_reads_total").await
 }
 
 #[tokio::test]

@@ -13,6 +13,8 @@ use agentloop_bus::{Bus, BusConfig, StreamKind};
 use agentloop_proto::v1::RunCommand;
 use agentloop_testkit::{NatsServer, TestDatabase};
 
+use crate::harness::metric;
+
 const WAIT: Duration = Duration::from_secs(20);
 const SESSION_S: &str = "0b6c3f5e-0000-4000-8000-00000000000s";
 const SESSION_T: &str = "0b6c3f5e-0000-4000-8000-00000000000t";
@@ -72,6 +74,17 @@ async fn store_reply(js: &jetstream::Context, prefix: &str, session: &str, text:
     .unwrap();
 }
 
+/// What delivery hands the `cli` channel, subscribed before anything is delivered.
+async fn delivered(nats: &NatsServer, prefix: &str) -> async_nats::Subscriber {
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let replies = client
+        .subscribe(format!("{prefix}.deliver.cli.>"))
+        .await
+        .unwrap();
+    agentloop_testkit::round_trip(&client).await.unwrap();
+    replies
+}
+
 async fn next_text(replies: &mut async_nats::Subscriber) -> (String, String, Instant) {
     let msg = tokio::time::timeout(WAIT, replies.next())
         .await
@@ -95,12 +108,7 @@ async fn replies_held_by_a_dead_connection_or_another_replica_still_go_out_befor
         js,
     } = Stream::open(StreamKind::Outbound, "delivery", 2_000).await;
     let prefix = bus.prefix.clone();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let mut replies = client
-        .subscribe(format!("{prefix}.deliver.cli.>"))
-        .await
-        .unwrap();
-    agentloop_testkit::round_trip(&client).await.unwrap();
+    let mut replies = delivered(&nats, &prefix).await;
 
     // Two replies of session s and one of t, pulled by a replica (this connection) that never
     // acks s's: its connection dies with them. t's it delivers, late.
@@ -272,22 +280,6 @@ async fn store_rounds(
     }
 }
 
-/// A delivery's counter `name` from its `/metrics`.
-async fn counter(admin: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("http://{admin}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Starts a delivery replica on `bus` with its admin server on a port of its own; returns it
 /// once it is consuming, with its admin address.
 async fn start_delivery(bus: BusConfig) -> (agentloop_testkit::ServiceHandle<String>, String) {
@@ -322,12 +314,7 @@ async fn two_delivery_replicas_sharing_the_stream_keep_each_sessions_replies_in_
     // An ack wait well past the slow link's round trips, as a deployment would have.
     let Stream { nats, bus, js, .. } = Stream::open(StreamKind::Outbound, "delivery", 10_000).await;
     let prefix = bus.prefix.clone();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let mut replies = client
-        .subscribe(format!("{prefix}.deliver.cli.>"))
-        .await
-        .unwrap();
-    agentloop_testkit::round_trip(&client).await.unwrap();
+    let mut replies = delivered(&nats, &prefix).await;
     let slow_link = agentloop_testkit::DelayProxy::start(
         "127.0.0.1",
         nats.url().trim_start_matches("nats://"),
@@ -389,8 +376,8 @@ async fn two_delivery_replicas_sharing_the_stream_keep_each_sessions_replies_in_
     );
     // Both replicas had some: the sessions' replies were split between them.
     for (name, admin) in [("slow", &slow.1), ("fast", &fast.1)] {
-        let delivered = counter(admin, "agentloop_delivery_delivered_total").await;
-        let reads = counter(admin, "agentloop_delivery_order_reads_total").await;
+        let delivered = metric(admin, "agentloop_delivery_delivered_total").await;
+        let reads = metric(admin, "agentloop_delivery_order_reads_total").await;
         println!("{name} replica: delivered {delivered}, order reads {reads}");
         assert!(delivered > 0.0, "the {name} replica delivered nothing");
     }

@@ -6,6 +6,7 @@ mod config;
 mod ctx;
 mod direct;
 mod error;
+mod order;
 mod pairing;
 mod route;
 mod screen;

@@ -10,8 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use agentloop_bus::{
-    Arrival, Arrivals, Arrived, Bus, DeadLetters, DeadReason, InOrder, InTurn, StreamKind,
-    error_chain,
+    Arrival, Arrivals, Arrived, Bus, DeadLetters, DeadReason, InOrder, StreamKind, error_chain,
 };
 use agentloop_lifecycle::{Backoff, Health, retry};
 use agentloop_proto::v1::{
@@ -62,7 +61,7 @@ pub(crate) async fn serve(
     messages.report_flow(move |flowing| consumer_ready.set(flowing));
     let (acks, acks_sent) = agentloop_bus::Acks::start(config.bus.ack_gather());
     let dead_letters = DeadLetters::new(bus.clone(), SERVICE, &health);
-    let in_turn = Arc::new(in_turn(&config, &bus, &health).await?);
+    let in_turn = Arc::new(crate::order::in_turn(&config, &bus, &health).await?);
     let ctx = Arc::new(Ctx {
         in_turn,
         bus: bus.clone(),
@@ -164,24 +163,6 @@ pub(crate) async fn serve(
     drop(ctx);
     let _ = acks_sent.await;
     Ok(())
-}
-
-/// The order of `router.keep_order`, keyed by session key as validated.
-async fn in_turn(config: &RouterConfig, bus: &Bus, health: &Health) -> Result<InTurn, RouterError> {
-    let reads = health.counter(
-        "agentloop_router_order_reads_total",
-        "Reads of INBOUND for messages that went elsewhere (router.keep_order).",
-    );
-    let subjects = bus.subjects().clone();
-    let key_of = Box::new(move |stored: &jetstream::message::StreamMessage| {
-        let (mut inbound, _) = agentloop_bus::decode_stored::<InboundMessage>(stored).ok()?;
-        let channel = subjects.channel_of(&stored.subject);
-        agentloop_proto::validate_inbound(&mut inbound, channel).ok()?;
-        Some(inbound.session_key)
-    });
-    Ok(bus
-        .in_turn(StreamKind::Inbound, config.router.keep_order, reads, key_of)
-        .await?)
 }
 
 fn decode_and_validate(bus: &Bus, msg: &jetstream::Message) -> Result<InboundMessage, String> {

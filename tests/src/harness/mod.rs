@@ -419,3 +419,19 @@ pub async fn next_reply(
     let (reply, _) = agentloop_bus::decode::<OutboundMessage>(&msg)?;
     Ok(reply)
 }
+
+/// The value of the counter `name` (no labels) on a service's `/metrics` at `admin`.
+pub async fn metric(admin: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
