@@ -180,7 +180,7 @@ impl CommandOrder {
                     // earlier command may still be in it, so the wait goes on, up to the
                     // longest. Going on after one ack wait let a later command overtake one
                     // still held by a cut-off runner. The permission to read is checked at
-                    // start (`agentloop_bus::stream_readable`).
+                    // start (`Bus::readable_stream`).
                     let since = *unanswered_since.get_or_insert(Instant::now());
                     if since.elapsed() >= self.progress_every * 3 {
                         tracing::warn!(

@@ -43,29 +43,13 @@ pub(crate) async fn serve(
         &models,
         &config.memory.embeddings_model,
     )?);
-    let runs = if config.runner.keep_order {
-        let name = agentloop_bus::stream_name(&config.bus.prefix, StreamKind::Runs);
-        let stream = bus.jetstream().get_stream_no_info(name).await;
-        let stream = stream.map_err(|err| agentloop_bus::BusError::Admin {
-            what: "open the runs stream".into(),
-            source: Box::new(err),
-        })?;
-        let patience = Duration::from_millis(config.bus.ack_wait_ms.saturating_mul(2));
-        let probe = format!("{}.run._order_probe", config.bus.prefix);
-        if agentloop_bus::stream_readable(&stream, &probe, patience).await {
-            Some(stream)
-        } else {
-            // Without the read every command would wait for an answer that never comes.
-            tracing::warn!(
-                "runner.keep_order is off for this runner: it cannot read the runs stream \
-                 (does its NATS user have $JS.API.STREAM.MSG.GET on it?); a session's commands \
-                 taken by different runners may enter its inbox out of order"
-            );
-            None
-        }
-    } else {
-        None
-    };
+    let runs = bus
+        .readable_stream(
+            StreamKind::Runs,
+            config.runner.keep_order,
+            "runner.keep_order",
+        )
+        .await?;
     let order = Arc::new(crate::order::CommandOrder::new(
         runs,
         Duration::from_millis(config.bus.ack_wait_ms),

@@ -50,50 +50,26 @@ pub struct InTurn {
 }
 
 impl Bus {
-    /// The order of the messages of the stream of `kind` (`keep`: kept at all), keyed by
-    /// `key_of`, its reads counted in `reads`. Off, with a warning, when this connection may
-    /// not read the stream: every message after a gap would wait for an answer that never
-    /// comes.
+    /// The order of the messages of the stream of `kind`, kept when the service's `setting`
+    /// (`keep`) says so, keyed by `key_of`, its reads counted in `reads`. Off, with a warning,
+    /// when this connection may not read the stream ([`Bus::readable_stream`]).
     ///
     /// # Errors
     /// [`BusError::Admin`] when the stream cannot be opened.
     pub async fn in_turn(
         &self,
         kind: StreamKind,
-        keep: bool,
+        (setting, keep): (&str, bool),
         reads: Counter,
         key_of: KeyOf,
     ) -> Result<InTurn, BusError> {
         let config = &self.config;
-        let subjects = self.subjects.stream_subjects(kind);
-        let stream = if keep {
-            let name = crate::stream_name(&config.prefix, kind);
-            let stream = self.js.get_stream_no_info(&name).await;
-            let stream = stream.map_err(|err| BusError::Admin {
-                what: format!("open the stream {name}"),
-                source: Box::new(err),
-            })?;
-            let patience = Duration::from_millis(config.ack_wait_ms.saturating_mul(2));
-            let probe = subjects.replace('>', "_order_probe");
-            if crate::stream_readable(&stream, &probe, patience).await {
-                Some(stream)
-            } else {
-                tracing::warn!(
-                    stream = %name,
-                    "keep_order is off: this connection cannot read the stream (does its NATS \
-                     user have $JS.API.STREAM.MSG.GET on it?); a session's messages pulled \
-                     through a lost connection or by another replica may go after later ones"
-                );
-                None
-            }
-        } else {
-            None
-        };
+        let stream = self.readable_stream(kind, keep, setting).await?;
         let ack_wait = Duration::from_millis(config.ack_wait_ms);
         let max_wait = ack_wait * u32::try_from(config.max_deliver).unwrap_or(u32::MAX).max(2);
         Ok(InTurn {
             stream,
-            all: subjects,
+            all: self.subjects.stream_subjects(kind),
             key_of,
             order: Arc::new(Mutex::new(StreamOrder::new(max_wait))),
             settled: Notify::new(),
@@ -160,17 +136,52 @@ impl InTurn {
         }
     }
 
-    /// The message at `seq`, `None` once it is settled; asked again while the stream does not
-    /// answer (an election).
+    /// Reads the message at `seq`, `None` once it is settled.
     async fn read_at(
         &self,
         stream: &jetstream::stream::Stream<()>,
         seq: u64,
     ) -> Option<StreamMessage> {
+        self.until_answered(|| stream.get_raw_message(seq)).await
+    }
+
+    /// Reads the messages of `gap` in order, each read skipping the settled ones before it.
+    async fn scan(&self, stream: &jetstream::stream::Stream<()>, gap: Range<u64>) {
+        let mut from = gap.start;
+        for _ in 0..MAX_GAP_READS {
+            let next = self.until_answered(|| {
+                stream
+                    .raw_message_builder()
+                    .next_by_subject(self.all.clone())
+                    .sequence(from)
+                    .send()
+            });
+            match next.await {
+                Some(message) if message.sequence < gap.end => {
+                    self.record_away(&message);
+                    from = message.sequence + 1;
+                }
+                _ => return,
+            }
+        }
+        tracing::warn!(
+            until = gap.end,
+            "more messages elsewhere than are read for one gap"
+        );
+    }
+
+    /// Asks `read` until the stream answers, `None` when it has no such message. An election
+    /// goes unanswered for seconds; the caller's deadline bounds the asking.
+    async fn until_answered<F, Fut>(&self, mut read: F) -> Option<StreamMessage>
+    where
+        F: FnMut() -> Fut,
+        Fut:
+            std::future::Future<Output = Result<StreamMessage, jetstream::stream::RawMessageError>>,
+    {
         let mut pause = Duration::from_millis(10);
         loop {
             self.reads.inc();
-            match stream.get_raw_message(seq).await {
+            match read().await {
                 Ok(message) => return Some(message),
                 Err(err) if not_found(&err) => return None,
                 Err(_) => {
@@ -179,37 +190,6 @@ impl InTurn {
                 }
             }
         }
-    }
-
-    /// Reads the messages of `gap` in order, each read skipping the settled ones before it.
-    async fn scan(&self, stream: &jetstream::stream::Stream<()>, gap: Range<u64>) {
-        let mut from = gap.start;
-        let mut pause = Duration::from_millis(10);
-        for _ in 0..MAX_GAP_READS {
-            self.reads.inc();
-            let read = stream
-                .raw_message_builder()
-                .next_by_subject(self.all.clone())
-                .sequence(from)
-                .send()
-                .await;
-            match read {
-                Ok(message) if message.sequence < gap.end => {
-                    self.record_away(&message);
-                    from = message.sequence + 1;
-                }
-                Ok(_) => return,
-                Err(err) if not_found(&err) => return,
-                Err(_) => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                }
-            }
-        }
-        tracing::warn!(
-            until = gap.end,
-            "more messages elsewhere than are read for one gap"
-        );
     }
 
     fn record_away(&self, message: &StreamMessage) {

@@ -29,7 +29,6 @@ pub use error::BusError;
 pub use in_order::InOrder;
 pub use in_turn::{InTurn, KeyOf};
 pub use order::Arrival;
-pub use probe::stream_readable;
 pub use publish::Stored;
 pub use subjects::{StreamKind, Subjects, channel_label, stream_name};
 

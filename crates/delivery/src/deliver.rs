@@ -285,7 +285,7 @@ async fn in_turn(
     Ok(bus
         .in_turn(
             StreamKind::Outbound,
-            config.delivery.keep_order,
+            ("delivery.keep_order", config.delivery.keep_order),
             reads,
             key_of,
         )

@@ -28,6 +28,11 @@ pub(crate) async fn in_turn(
         Some(inbound.session_key)
     });
     Ok(bus
-        .in_turn(StreamKind::Inbound, config.router.keep_order, reads, key_of)
+        .in_turn(
+            StreamKind::Inbound,
+            ("router.keep_order", config.router.keep_order),
+            reads,
+            key_of,
+        )
         .await?)
 }
