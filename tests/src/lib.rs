@@ -8,6 +8,8 @@ mod bus_tls;
 #[cfg(test)]
 mod bus_trust;
 #[cfg(test)]
+mod dispatch_answers;
+#[cfg(test)]
 mod early_answer;
 #[cfg(test)]
 mod foundation;

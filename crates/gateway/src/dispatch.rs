@@ -303,22 +303,22 @@ impl Accepted {
             Follow::Sent { events, replies } => {
                 // The id of the run that processes this message derives from the message.
                 let ours = agentloop_proto::run_id(&session_id, &idempotency_key);
-                let finished = follow_sent(events, replies, &ours, deadline, on_event).await;
-                if finished.status != EndStatus::Timeout {
-                    // Stored while the caller is answered: a repeat that comes first waits for
-                    // the record, and one that finds none stored falls back on the run.
+                let (finished, kept_by_run) =
+                    follow_sent(events, replies, &ours, deadline, on_event).await;
+                // An answer the run records as its own is not stored a second time: a repeat
+                // reads it from the run (one memory call and one Postgres write less per
+                // message). Any other answer is stored before the caller gets it, so the
+                // caller's own repeat finds it rather than the run's text.
+                if finished.status != EndStatus::Timeout && !kept_by_run {
                     let request = CompleteDispatchRequest {
                         run_handle,
                         status: finished.status.as_str().to_owned(),
                         text: finished.text.clone(),
                         error: finished.error.clone(),
                     };
-                    let mut sessions = sessions.clone();
-                    tokio::spawn(async move {
-                        if let Err(status) = sessions.complete_dispatch(request).await {
-                            tracing::warn!(error = %status.message(), "failed to store the answer of a dispatch");
-                        }
-                    });
+                    if let Err(status) = sessions.clone().complete_dispatch(request).await {
+                        tracing::warn!(error = %status.message(), "failed to store the answer of a dispatch");
+                    }
                 }
                 finished
             }
@@ -328,14 +328,15 @@ impl Accepted {
 }
 
 /// Follows the run `ours` (the one that processes the message) to its reply and, with events
-/// followed, to its end. Events of other runs of the session are left out.
+/// followed, to its end. Events of other runs of the session are left out. Also returns whether
+/// the answer is the one run `ours` records ([`agentloop_proto::answer_is_the_runs`]).
 async fn follow_sent<F, Fut>(
     mut events: Option<async_nats::Subscriber>,
     mut replies: async_nats::Subscriber,
     ours: &str,
     deadline: Instant,
     mut on_event: F,
-) -> Finished
+) -> (Finished, bool)
 where
     F: FnMut(SystemEvent) -> Fut,
     Fut: Future<Output = ()>,
@@ -378,7 +379,10 @@ where
         }
     }
     stop_listening(events, replies).await;
-    match reply {
+    let kept_by_run = reply
+        .as_ref()
+        .is_some_and(|outbound| agentloop_proto::answer_is_the_runs(outbound, ours));
+    let finished = match reply {
         Some(outbound) => Finished {
             status: if outbound.error.is_empty() {
                 EndStatus::Ok
@@ -395,7 +399,8 @@ where
             error: "the run did not end in time".to_owned(),
             agent_run_id: if seen { ours.to_owned() } else { String::new() },
         },
-    }
+    };
+    (finished, kept_by_run)
 }
 
 /// The next event, or never when the caller does not follow events.
@@ -454,13 +459,19 @@ async fn wait_for_record(sessions: &Sessions, run_handle: &str, deadline: Instan
             if let Some(finished) = stored_answer(&record) {
                 return finished;
             }
-            if record.run_status.parse::<RunStatus>().is_ok() {
-                // The run is over but no gateway stored its reply yet; give the one that
-                // follows it a moment, then answer from the run itself.
-                let since = *run_ended_at.get_or_insert_with(Instant::now);
-                if since.elapsed() >= END_GRACE {
-                    return answer_from_run(&record);
+            match record.run_status.parse::<RunStatus>() {
+                // A completed run's own answer is not stored apart (see `finish`); one a hook
+                // changed is stored before its first caller is answered.
+                Ok(RunStatus::Completed) => return answer_from_run(&record),
+                Ok(_) => {
+                    // The run failed and no gateway stored its reply yet; give the one that
+                    // follows it a moment, then answer from the run itself.
+                    let since = *run_ended_at.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= END_GRACE {
+                        return answer_from_run(&record);
+                    }
                 }
+                Err(_) => {}
             }
             last = Some(record);
         }
@@ -494,7 +505,11 @@ fn answer_from_run(record: &Dispatch) -> Finished {
     let ok = record.run_status.parse() == Ok(RunStatus::Completed);
     Finished {
         status: if ok { EndStatus::Ok } else { EndStatus::Error },
-        text: record.run_answer.clone(),
+        text: if ok {
+            agentloop_proto::answer_from_run_text(&record.run_answer)
+        } else {
+            record.run_answer.clone()
+        },
         error: if ok {
             String::new()
         } else {

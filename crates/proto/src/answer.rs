@@ -13,6 +13,30 @@ pub fn is_no_reply(text: &str) -> bool {
     text.trim() == NO_REPLY
 }
 
+/// Metadata key the runner sets (to `"true"`) on a reply whose text is its completed run's last
+/// assistant entry, unchanged by a hook.
+pub const RECORDED_ANSWER: &str = "recordedAnswer";
+
+/// Returns whether the caller's answer to `reply` is the one run `run_id` records: its own
+/// completed run's answer, not changed after the run wrote it. Such an answer need not be stored
+/// a second time for a repeat of the request: the run's last assistant entry gives it (read
+/// through [`answer_from_run_text`]).
+pub fn answer_is_the_runs(reply: &OutboundMessage, run_id: &str) -> bool {
+    reply.run_id == run_id
+        && reply.error.is_empty()
+        && reply.metadata.get(RECORDED_ANSWER).map(String::as_str) == Some("true")
+}
+
+/// Returns the caller's text for a completed run whose last assistant entry is `entry`: as
+/// [`caller_answer`] turns the reply, a `NO_REPLY` becomes empty.
+pub fn answer_from_run_text(entry: &str) -> String {
+    if is_no_reply(entry) {
+        String::new()
+    } else {
+        entry.to_owned()
+    }
+}
+
 /// Returns the answer for the caller of a request/reply from the final `reply`.
 pub fn caller_answer(reply: &OutboundMessage) -> OutboundMessage {
     let mut answer = reply.clone();
@@ -62,5 +86,36 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(caller_answer(&failed).text, "NO_REPLY");
+    }
+
+    #[test]
+    fn only_a_runs_own_recorded_answer_is_the_runs() {
+        let mut reply = OutboundMessage {
+            run_id: "r1".into(),
+            text: "hello".into(),
+            ..Default::default()
+        };
+        // Unmarked (a hook changed the text, a run stopped by its turn budget, an older
+        // runner): stored apart.
+        assert!(!answer_is_the_runs(&reply, "r1"));
+        reply
+            .metadata
+            .insert(RECORDED_ANSWER.to_owned(), "true".to_owned());
+        assert!(answer_is_the_runs(&reply, "r1"));
+        // The message joined another run: that run's answer is not this request's run's.
+        assert!(!answer_is_the_runs(&reply, "r2"));
+        let failed = OutboundMessage {
+            error: "timeout: slow".into(),
+            ..reply.clone()
+        };
+        assert!(!answer_is_the_runs(&failed, "r1"));
+        // A silent answer reads the same from the run as the caller got it.
+        let silent = caller_answer(&OutboundMessage {
+            text: "NO_REPLY".into(),
+            ..reply
+        });
+        assert!(answer_is_the_runs(&silent, "r1"));
+        assert_eq!(answer_from_run_text("NO_REPLY"), silent.text);
+        assert_eq!(answer_from_run_text("hello"), "hello");
     }
 }

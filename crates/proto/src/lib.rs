@@ -9,7 +9,9 @@ mod kinds;
 mod run_id;
 mod validate;
 
-pub use answer::{NO_REPLY, caller_answer, is_no_reply};
+pub use answer::{
+    NO_REPLY, RECORDED_ANSWER, answer_from_run_text, answer_is_the_runs, caller_answer, is_no_reply,
+};
 pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
 pub use ids::{
     EntryKey, RunMessage, entry_key, inbound_msg_id, run_command_msg_id, run_msg_id,

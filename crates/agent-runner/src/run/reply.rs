@@ -97,8 +97,20 @@ impl RunCtx<'_> {
                 json!({ "sessionKey": command.session_key, "runId": self.run.id, "text": text }),
             )
             .await;
-        if let Some(rewritten) = sending.text {
+        let mut recorded = outcome.status == RunStatus::Completed;
+        if let Some(rewritten) = sending.text
+            && rewritten != text
+        {
             text = rewritten;
+            recorded = false;
+        }
+        if recorded {
+            // The text is the run's last assistant entry: a gateway answers a repeat of the
+            // request from the run instead of storing this text a second time.
+            metadata.insert(
+                agentloop_proto::RECORDED_ANSWER.to_owned(),
+                "true".to_owned(),
+            );
         }
         if sending.block {
             metadata.insert(
