@@ -44,8 +44,8 @@ pub struct SidePlan {
 impl Default for SidePlan {
     fn default() -> Self {
         Self {
-            warm: 10,
-            seq: 100,
+            warm: 30,
+            seq: 200,
             sessions: 10,
             per_session: 6,
         }
@@ -283,7 +283,9 @@ pub async fn run(
     al.groups = STACK_GROUPS.iter().map(|g| (*g).to_owned()).collect();
     al.rss_what = "5 services + nats-server (Postgres shared, not counted)".to_owned();
     al.rss_idle = agentloop_rss(stack);
-    let api = ChatApi::new(&format!("http://{gateway}"), None, "agentloop", true, true)?;
+    // No Idempotency-Key, as the official OpenAI clients send and as OpenClaw gets: the tags in
+    // the model's recorded requests show that each message reached it.
+    let api = ChatApi::new(&format!("http://{gateway}"), None, "agentloop", false, true)?;
     eprintln!("[bench] agentloop through POST /v1/chat/completions");
     load_system(
         stack,

@@ -1,6 +1,7 @@
 //! Which answers a dispatch record stores: a completed run's own answer is read from the run's
 //! transcript when a request is repeated, and only an answer the transcript does not hold (here
-//! one a `message_sending` hook changed) is stored in the record.
+//! one a `message_sending` hook changed) is stored in the record. A keyless request over the
+//! OpenAI API gets no record at all: its client cannot come back to it.
 
 use std::time::Duration;
 
@@ -15,10 +16,18 @@ use crate::harness::{Sandbox, SandboxOptions};
 
 /// Sends one chat completion for `user` under `key` and returns the answer's content.
 async fn complete(sandbox: &Sandbox, user: &str, key: &str, text: &str) -> String {
+    complete_keyed(sandbox, user, Some(key), text).await
+}
+
+/// Sends one chat completion for `user`, with an `Idempotency-Key` when `key` is given (the
+/// official OpenAI clients send none).
+async fn complete_keyed(sandbox: &Sandbox, user: &str, key: Option<&str>, text: &str) -> String {
     let url = format!("http://{}/v1/chat/completions", sandbox.gateway_addr);
-    let answer: Value = reqwest::Client::new()
-        .post(url)
-        .header("idempotency-key", key)
+    let mut request = reqwest::Client::new().post(url);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let answer: Value = request
         .json(&json!({"model": "agentloop", "user": user,
                       "messages": [{"role": "user", "content": text}]}))
         .timeout(Duration::from_secs(20))
@@ -67,6 +76,37 @@ async fn a_repeat_of_a_completed_run_is_answered_from_the_run_without_a_stored_c
         record(&sandbox, "da:plain", "plain-1").await,
         ("accepted".to_owned(), None)
     );
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_keyless_openai_request_to_a_known_session_writes_no_record() {
+    // Arrange: the session is known to the gateway after its first message
+    let sandbox = Sandbox::start().await.unwrap();
+    Client::connected(&sandbox, None).await.unwrap(); // memory ready
+    let first = complete_keyed(&sandbox, "da:keyless", None, "one").await;
+
+    // Act
+    let second = complete_keyed(&sandbox, "da:keyless", None, "two").await;
+    let keyed = complete_keyed(&sandbox, "da:keyless", Some("keyed-3"), "three").await;
+
+    // Assert: every message answered and run; records only where a client could come back
+    assert_eq!(
+        [first, second, keyed],
+        ["echo: one", "echo: two", "echo: three"]
+    );
+    sandbox.finished_runs(3).await.unwrap();
+    assert_eq!(runs_of(&sandbox, "da:keyless").await.unwrap(), 3);
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT idempotency_key FROM dispatches WHERE session_key = $1 ORDER BY created_at",
+    )
+    .bind("da:keyless")
+    .fetch_all(&sandbox.pool().await.unwrap())
+    .await
+    .unwrap();
+    // The first message resolved the session through its record (the key the gateway chose).
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[1], "keyed-3");
     sandbox.shutdown().await.unwrap();
 }
 

@@ -46,6 +46,30 @@ pub(crate) struct Submission {
     pub(crate) timeout: Duration,
     /// Whom it is sent for: a new session belongs to it, another's session is not found.
     pub(crate) caller: Caller,
+    /// When the message gets a dispatch record.
+    pub(crate) record: Record,
+}
+
+/// When a message gets a dispatch record in memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// Always: the client may wait on the run handle it is given (`agent.wait`).
+    #[default]
+    Always,
+    /// Only when the client gave an idempotency key, the one way it can come back to the
+    /// message (the OpenAI API: its answer is the response; without a key there is nothing to
+    /// repeat or wait on, so the record would be a Postgres write no one reads).
+    WithKey,
+}
+
+impl Record {
+    /// Whether a message whose client gave a key (`keyed`) gets a record.
+    fn needed(self, keyed: bool) -> bool {
+        match self {
+            Self::Always => true,
+            Self::WithKey => keyed,
+        }
+    }
 }
 
 /// How a followed run ended, from the client's point of view.
@@ -87,6 +111,8 @@ pub(crate) struct Accepted {
     follow: Follow,
     sessions: Sessions,
     deadline: Instant,
+    /// Whether memory holds a dispatch record of it (see [`Record`]).
+    recorded: bool,
 }
 
 enum Follow {
@@ -122,6 +148,10 @@ pub(crate) async fn submit(
     with_events: bool,
 ) -> Result<Accepted, RequestError> {
     let deadline = Instant::now() + submission.timeout;
+    let keyed = submission
+        .idempotency_key
+        .as_deref()
+        .is_some_and(|k| !k.is_empty());
     let idempotency_key = submission
         .idempotency_key
         .clone()
@@ -163,10 +193,27 @@ pub(crate) async fn submit(
         follow,
         sessions: sessions.clone(),
         deadline,
+        recorded: true,
     };
 
     if let Some(session_id) = known.get(&inbound.session_key, &caller) {
         let (events, replies) = listen(bus, &session_id, with_events, &mut inbound).await?;
+        if !submission.record.needed(keyed) {
+            // The key is this call's own: no other call can send it again.
+            bus.publish_durable(inbound_subject, &inbound, Some(&msg_id))
+                .await
+                .map_err(|err| RequestError::Unavailable(error_chain(&err)))?;
+            let record = Dispatch {
+                run_handle: request.run_handle,
+                session_id,
+                created: true,
+                ..Default::default()
+            };
+            return Ok(Accepted {
+                recorded: false,
+                ..accepted(record, inbound, Follow::Sent { events, replies })
+            });
+        }
         request.session_id.clone_from(&session_id);
         let ours = request.run_handle.clone();
         let (record, stored) = tokio::join!(
@@ -297,6 +344,7 @@ impl Accepted {
             follow,
             sessions,
             deadline,
+            recorded,
             ..
         } = self;
         match follow {
@@ -309,7 +357,7 @@ impl Accepted {
                 // reads it from the run (one memory call and one Postgres write less per
                 // message). Any other answer is stored before the caller gets it, so the
                 // caller's own repeat finds it rather than the run's text.
-                if finished.status != EndStatus::Timeout && !kept_by_run {
+                if recorded && finished.status != EndStatus::Timeout && !kept_by_run {
                     let request = CompleteDispatchRequest {
                         run_handle,
                         status: finished.status.as_str().to_owned(),
@@ -534,6 +582,14 @@ mod tests {
             run_answer: "from run".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn only_a_keyed_message_of_the_openai_api_gets_a_record() {
+        assert!(Record::Always.needed(false));
+        assert!(Record::Always.needed(true));
+        assert!(Record::WithKey.needed(true));
+        assert!(!Record::WithKey.needed(false));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use agentloop_proto::v1::SystemEvent;
 use agentloop_proto::{EventPhase, EventStream};
 
-use crate::dispatch::{self, Finished, Submission};
+use crate::dispatch::{self, Finished, Record, Submission};
 use crate::frames::{Outgoing, err, ok};
 use crate::params::{client_timeout, no_nul, parse};
 use crate::principal::{Principal, Scope};
@@ -227,6 +227,7 @@ fn submission(
         metadata,
         timeout,
         caller: who.caller(),
+        record: Record::Always,
     })
 }
 

@@ -220,6 +220,7 @@ async fn complete(
         channel: CHANNEL.to_owned(),
         caller: principal.caller(),
         timeout: state.run_timeout(),
+        record: dispatch::Record::WithKey,
         ..Default::default()
     };
     let accepted = dispatch::submit(
