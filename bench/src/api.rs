@@ -192,6 +192,11 @@ impl ChatApi {
         })
     }
 
+    /// Whether each request carries its tag as `Idempotency-Key`.
+    pub fn keyed(&self) -> bool {
+        self.idempotency_header
+    }
+
     /// Sends one non-streaming completion for `session` (the OpenAI `user` field) and checks the
     /// reply carries the tag.
     ///

@@ -228,7 +228,8 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
         let gateway = stack
             .gateway_addr()
             .context("the stack has no gateway address")?;
-        let api = api::ChatApi::new(&format!("http://{gateway}"), None, "agentloop", true, true)?;
+        let keyed = !options.soak_keyless;
+        let api = api::ChatApi::new(&format!("http://{gateway}"), None, "agentloop", keyed, true)?;
         phases::Via::Http(api)
     } else {
         phases::Via::Bus

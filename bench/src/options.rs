@@ -43,6 +43,9 @@ pub struct Options {
     /// `--http` with `--soak`: the soak's messages (and its warm-up) sent through the
     /// gateway's `POST /v1/chat/completions` instead of the bus.
     pub soak_http: bool,
+    /// `--no-key` with `--http`: requests without `Idempotency-Key`, as the official OpenAI
+    /// clients send them (runs are then found by their text).
+    pub soak_keyless: bool,
     /// `--matrix`: the four setups ({separate, all} × {proto, json}) side by side, closed loop
     /// and burst, instead of the default phases.
     pub matrix: bool,
@@ -66,7 +69,7 @@ pub struct Options {
 pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http]] \
+[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http [--no-key]]] \
 [--matrix] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]] [--replicated]
 
   --mode separate   each service in a process of its own (default)
@@ -124,6 +127,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_runners: 1,
         soak_trace: false,
         soak_http: false,
+        soak_keyless: false,
         matrix: false,
         retrieval: false,
         inflight: Vec::new(),
@@ -159,6 +163,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
             }
             "--trace" => options.soak_trace = true,
             "--http" => options.soak_http = true,
+            "--no-key" => options.soak_keyless = true,
             "--matrix" => options.matrix = true,
             "--retrieval" => options.retrieval = true,
             "--replicated" => options.replicated = true,
@@ -198,6 +203,9 @@ pub fn parse_args() -> anyhow::Result<Options> {
     }
     if options.matrix && setup_given {
         bail!("--matrix runs every --mode and --inbound itself: leave both out");
+    }
+    if options.soak_keyless && !options.soak_http {
+        bail!("--no-key changes the requests of --http: give both");
     }
     if options.setup.mode == StackMode::All && options.soak_runners > 1 {
         bail!(

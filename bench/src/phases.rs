@@ -192,30 +192,43 @@ pub async fn run(
         .zip(batches_after)
         .map(|(before, after)| (after.0 - before.0, after.1 - before.1));
     // Runs are marked finished just after their reply is published: give the last ones a moment.
-    let pattern = format!("{}-%", load.name);
+    // Found by the tag as idempotency key, or (keyless requests) by the user entry's text.
+    let keyless = matches!(&load.via, Via::Http(api) if !api.keyed());
+    let (pattern, runs_sql, entries_sql) = if keyless {
+        (
+            format!("bench {}-%", load.name),
+            "SELECT count(*) FROM runs r JOIN transcript_entries t \
+             ON t.run_id = r.id AND t.session_id = r.session_id AND t.role = 'user' \
+             WHERE r.status = 'completed' AND t.content LIKE $1",
+            "SELECT count(*) FROM transcript_entries t WHERE t.run_id IN \
+             (SELECT u.run_id FROM transcript_entries u WHERE u.role = 'user' AND u.content LIKE $1)",
+        )
+    } else {
+        (
+            format!("{}-%", load.name),
+            "SELECT count(*) FROM runs WHERE status = 'completed' AND idempotency_key LIKE $1",
+            "SELECT count(*) FROM transcript_entries t JOIN runs r ON r.id = t.run_id \
+             WHERE r.idempotency_key LIKE $1",
+        )
+    };
     let settle = Instant::now() + Duration::from_secs(5);
     loop {
-        let persisted: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM runs WHERE status = 'completed' AND idempotency_key LIKE $1",
-        )
-        .bind(&pattern)
-        .fetch_one(pool)
-        .await
-        .context("failed to count runs")?;
+        let persisted: i64 = sqlx::query_scalar(runs_sql)
+            .bind(&pattern)
+            .fetch_one(pool)
+            .await
+            .context("failed to count runs")?;
         result.persisted = Some(persisted);
         if persisted >= i64::try_from(result.ok).unwrap_or(i64::MAX) || Instant::now() > settle {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let entries: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM transcript_entries t JOIN runs r ON r.id = t.run_id \
-         WHERE r.idempotency_key LIKE $1",
-    )
-    .bind(&pattern)
-    .fetch_one(pool)
-    .await
-    .context("failed to count transcript entries")?;
+    let entries: i64 = sqlx::query_scalar(entries_sql)
+        .bind(&pattern)
+        .fetch_one(pool)
+        .await
+        .context("failed to count transcript entries")?;
     result.transcript_entries = Some(entries);
     // Late duplicates would show up within this pause.
     tokio::time::sleep(Duration::from_millis(300)).await;
