@@ -104,27 +104,36 @@ pub struct Matrix {
     pub tck: u64,
     /// Burst shape: (sessions, messages each).
     pub burst: (usize, usize),
-    /// One per setup, in [`SETUPS`] order.
-    pub columns: Vec<Column>,
+    /// Per setup in [`SETUPS`] order, its rounds.
+    pub columns: Vec<Vec<Column>>,
 }
 
-/// Runs the four setups one after the other, each on a stack of its own under `run_dir`.
+/// Runs the four setups one after the other, each on a stack of its own under `run_dir`, and
+/// all four again for each further round (`--rounds`): interleaved, so a machine's slow minutes
+/// fall on every setup alike.
 ///
 /// # Errors
 /// When a stack does not start or its bookkeeping fails (its logs are kept).
 pub async fn run(options: &Options, run_dir: &Path, commit: String) -> anyhow::Result<Matrix> {
     let plan = Plan::new(options.quick);
-    let mut columns = Vec::with_capacity(SETUPS.len());
-    for (mode, inbound) in SETUPS {
+    let mut columns: Vec<Vec<Column>> = vec![Vec::new(); SETUPS.len()];
+    let rounds = options.matrix_rounds.max(1);
+    for (round, (i, (mode, inbound))) in
+        (0..rounds).flat_map(|round| SETUPS.into_iter().enumerate().map(move |s| (round, s)))
+    {
         let setup = Setup { mode, inbound };
-        let dir = run_dir.join(format!("{}-{}", mode.name(), inbound.name()));
+        let dir = run_dir.join(format!("{}-{}-{round}", mode.name(), inbound.name()));
         let mut stack = Stack::new(StackConfig::from_options(
             options,
             dir.clone(),
             mode,
             "info",
         ))?;
-        step(&format!("matrix: {}", setup.line()));
+        step(&format!(
+            "matrix, round {} of {rounds}: {}",
+            round + 1,
+            setup.line()
+        ));
         let column = run_one(&mut stack, setup, &plan).await;
         stack.shutdown().await;
         if let Err(err) = drop_database(&options.pg_base, &stack.db_name).await {
@@ -133,7 +142,7 @@ pub async fn run(options: &Options, run_dir: &Path, commit: String) -> anyhow::R
         let column = column.with_context(|| {
             format!("{} (logs in {})", setup.line(), dir.join("logs").display())
         })?;
-        columns.push(column);
+        columns[i].push(column);
         // Database names carry the second they were made in: the next stack gets a new one.
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
@@ -225,56 +234,42 @@ impl Matrix {
             self.date,
             self.commit,
         );
+        let rounds = self.columns.first().map_or(0, Vec::len);
+        if rounds > 1 {
+            out.push_str(&format!(
+                "{rounds} rounds, the four setups interleaved in each; a cell is the median of the \
+                 rounds (their lowest-highest in brackets).\n\n"
+            ));
+        }
         out.push_str("| |");
-        for c in &self.columns {
-            let mode = match c.setup.mode {
-                StackMode::Separate => "separate",
-                StackMode::All => "`all`",
-            };
-            let inbound = match c.setup.inbound {
-                Encoding::Proto => "protobuf",
-                Encoding::Json => "JSON",
-            };
-            out.push_str(&format!(" {mode}, {inbound} |"));
+        for setup in &self.columns {
+            out.push_str(&format!(
+                " {} |",
+                setup.first().map_or_else(String::new, |c| heading(c.setup))
+            ));
         }
         out.push_str("\n|---|");
         out.push_str(&"---:|".repeat(self.columns.len()));
         out.push('\n');
-        let cpu = |p: &PhaseResult| format!("{:.2}", p.cpu_ms_per_run(&STACK_GROUPS, self.tck));
-        let rows: [(&str, &Cell); 10] = [
-            ("1 session, closed loop: p50 ms", &|c| {
-                ms(pct(&c.lat1.totals).p50)
-            }),
-            ("1 session, closed loop: p99 ms", &|c| {
-                ms(pct(&c.lat1.totals).p99)
-            }),
-            ("10 sessions at once: p99 ms", &|c| {
-                ms(pct(&c.lat10.totals).p99)
-            }),
-            ("100 sessions, closed loop: runs/s", &|c| {
-                format!("{:.0}", c.tp100.rate())
-            }),
-            ("100 sessions, closed loop: CPU-ms per run", &|c| {
-                cpu(&c.tp100)
-            }),
-            ("burst: runs/s", &|c| format!("{:.0}", c.burst.rate())),
-            ("burst: p50 ms", &|c| ms(pct(&c.burst.totals).p50)),
-            ("burst: p99 ms", &|c| ms(pct(&c.burst.totals).p99)),
-            ("burst: CPU-ms per run", &|c| cpu(&c.burst)),
-            ("burst: replies lost / duplicated, runs persisted", &|c| {
-                persisted(&c.burst)
-            }),
-        ];
-        for (name, cell) in rows {
-            out.push_str(&format!("| {name} |"));
-            for c in &self.columns {
-                out.push_str(&format!(" {} |", cell(c)));
+        let rows = self.rows();
+        for row in &rows {
+            out.push_str(&format!("| {} |", row.name));
+            for setup in &self.columns {
+                let values: Vec<f64> = setup.iter().map(|c| (row.value)(c)).collect();
+                out.push_str(&format!(" {} |", spread_cell(&values, row.decimals)));
             }
             out.push('\n');
         }
+        out.push_str("| burst: replies lost / duplicated, runs persisted |");
+        for setup in &self.columns {
+            out.push_str(&format!(" {} |", persisted(setup.iter().map(|c| &c.burst))));
+        }
+        out.push('\n');
+        out.push_str(&self.against_separate(&rows));
         let lost: u64 = self
             .columns
             .iter()
+            .flatten()
             .flat_map(|c| [&c.lat1, &c.lat10, &c.tp100])
             .map(|p| p.lost + p.wrong)
             .sum();
@@ -287,31 +282,197 @@ impl Matrix {
         out.push('\n');
         out
     }
-}
 
-/// How a row takes its figure from a column.
-type Cell<'a> = dyn Fn(&Column) -> String + 'a;
+    /// The figures of a column, each with how it reads.
+    fn rows(&self) -> Vec<Row<'_>> {
+        let tck = self.tck;
+        let cpu = move |p: &PhaseResult| p.cpu_ms_per_run(&STACK_GROUPS, tck);
+        vec![
+            Row::lower(
+                "1 session, closed loop: p50 ms",
+                2,
+                Box::new(|c| pct(&c.lat1.totals).p50),
+            ),
+            Row::lower(
+                "1 session, closed loop: p99 ms",
+                2,
+                Box::new(|c| pct(&c.lat1.totals).p99),
+            ),
+            Row::lower(
+                "10 sessions at once: p99 ms",
+                2,
+                Box::new(|c| pct(&c.lat10.totals).p99),
+            ),
+            Row::higher(
+                "100 sessions, closed loop: runs/s",
+                0,
+                Box::new(|c| c.tp100.rate()),
+            ),
+            Row::lower(
+                "100 sessions, closed loop: CPU-ms per run",
+                2,
+                Box::new(move |c| cpu(&c.tp100)),
+            ),
+            Row::higher("burst: runs/s", 0, Box::new(|c| c.burst.rate())),
+            Row::lower("burst: p50 ms", 2, Box::new(|c| pct(&c.burst.totals).p50)),
+            Row::lower("burst: p99 ms", 2, Box::new(|c| pct(&c.burst.totals).p99)),
+            Row::lower("burst: CPU-ms per run", 2, Box::new(move |c| cpu(&c.burst))),
+        ]
+    }
 
-fn ms(v: f64) -> String {
-    format!("{v:.2}")
-}
-
-/// Lost (or wrong) and duplicated replies, and whether every completed run is in the runs
-/// table: a burst queues many messages per session, where a lost or doubled run would show.
-fn persisted(p: &PhaseResult) -> String {
-    let all = p
-        .persisted
-        .is_some_and(|n| n >= i64::try_from(p.ok).unwrap_or(i64::MAX));
-    format!(
-        "{} / {}, {} of {} ({})",
-        p.lost + p.wrong,
-        p.tally.duplicates,
-        p.persisted.unwrap_or(0),
-        p.sent,
-        if all && p.ok == p.sent {
-            "all"
-        } else {
-            "not all"
+    /// How `all` compares with separate processes, figure by figure (medians), for each inbound
+    /// encoding: the issue's target is within 10 % on every figure.
+    fn against_separate(&self, rows: &[Row<'_>]) -> String {
+        let column = |mode: StackMode, inbound: Encoding| {
+            SETUPS
+                .iter()
+                .position(|s| *s == (mode, inbound))
+                .and_then(|i| self.columns.get(i))
+        };
+        let mut out = String::from(
+            "\n| `all` against separate processes (medians) | protobuf | JSON |\n|---|---:|---:|\n",
+        );
+        for row in rows {
+            out.push_str(&format!("| {} |", row.name));
+            for inbound in [Encoding::Proto, Encoding::Json] {
+                let median_of = |mode| {
+                    column(mode, inbound).map(|rounds| {
+                        median(&rounds.iter().map(|c| (row.value)(c)).collect::<Vec<_>>())
+                    })
+                };
+                let cell = match (median_of(StackMode::All), median_of(StackMode::Separate)) {
+                    (Some(all), Some(separate)) => against(all, separate, row.higher_is_better),
+                    _ => "—".to_owned(),
+                };
+                out.push_str(&format!(" {cell} |"));
+            }
+            out.push('\n');
         }
+        out
+    }
+}
+
+/// One figure of a column.
+struct Row<'a> {
+    name: &'static str,
+    decimals: usize,
+    higher_is_better: bool,
+    value: Box<dyn Fn(&Column) -> f64 + 'a>,
+}
+
+impl<'a> Row<'a> {
+    fn lower(name: &'static str, decimals: usize, value: Box<dyn Fn(&Column) -> f64 + 'a>) -> Self {
+        Self {
+            name,
+            decimals,
+            higher_is_better: false,
+            value,
+        }
+    }
+
+    fn higher(
+        name: &'static str,
+        decimals: usize,
+        value: Box<dyn Fn(&Column) -> f64 + 'a>,
+    ) -> Self {
+        Self {
+            name,
+            decimals,
+            higher_is_better: true,
+            value,
+        }
+    }
+}
+
+fn heading(setup: Setup) -> String {
+    let mode = match setup.mode {
+        StackMode::Separate => "separate",
+        StackMode::All => "`all`",
+    };
+    let inbound = match setup.inbound {
+        Encoding::Proto => "protobuf",
+        Encoding::Json => "JSON",
+    };
+    format!("{mode}, {inbound}")
+}
+
+/// The median of `values` (the mean of the middle two for an even count); 0 for none.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// One round's value, or the median with the rounds' range: `2.61 (2.40-2.93)`.
+fn spread_cell(values: &[f64], decimals: usize) -> String {
+    let mid = median(values);
+    if values.len() < 2 {
+        return format!("{mid:.decimals$}");
+    }
+    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{mid:.decimals$} ({low:.decimals$}-{high:.decimals$})")
+}
+
+/// How far `all` is from `separate` on a figure, in the direction that is worse or better.
+fn against(all: f64, separate: f64, higher_is_better: bool) -> String {
+    if separate == 0.0 {
+        return "—".to_owned();
+    }
+    let change = (all - separate) / separate * 100.0;
+    let worse = if higher_is_better { -change } else { change };
+    if worse.abs() < 0.5 {
+        "same".to_owned()
+    } else if worse > 0.0 {
+        format!("{worse:.0} % worse")
+    } else {
+        format!("{:.0} % better", -worse)
+    }
+}
+
+/// Lost (or wrong) and duplicated replies over the rounds, and whether every completed run is in
+/// the runs table: a burst queues many messages per session, where a lost or doubled run would
+/// show.
+fn persisted<'a>(bursts: impl Iterator<Item = &'a PhaseResult>) -> String {
+    let (mut lost, mut duplicated, mut stored, mut sent, mut all) = (0, 0, 0, 0, true);
+    for p in bursts {
+        lost += p.lost + p.wrong;
+        duplicated += p.tally.duplicates;
+        stored += p.persisted.unwrap_or(0);
+        sent += p.sent;
+        all &= p.ok == p.sent
+            && p.persisted
+                .is_some_and(|n| n >= i64::try_from(p.ok).unwrap_or(i64::MAX));
+    }
+    format!(
+        "{lost} / {duplicated}, {stored} of {sent} ({})",
+        if all { "all" } else { "not all" }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cell_is_the_median_of_its_rounds_with_their_range() {
+        assert_eq!(spread_cell(&[2.5], 2), "2.50");
+        assert_eq!(spread_cell(&[3.0, 1.0, 2.0], 1), "2.0 (1.0-3.0)");
+        assert_eq!(spread_cell(&[4.0, 1.0, 2.0, 3.0], 1), "2.5 (1.0-4.0)");
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn all_is_worse_when_slower_or_when_it_completes_fewer_runs() {
+        assert_eq!(against(2.2, 2.0, false), "10 % worse");
+        assert_eq!(against(1.8, 2.0, false), "10 % better");
+        assert_eq!(against(900.0, 1000.0, true), "10 % worse");
+        assert_eq!(against(1100.0, 1000.0, true), "10 % better");
+        assert_eq!(against(1000.0, 1001.0, true), "same");
+        assert_eq!(against(1.0, 0.0, true), "—");
+    }
 }

@@ -49,6 +49,9 @@ pub struct Options {
     /// `--matrix`: the four setups ({separate, all} × {proto, json}) side by side, closed loop
     /// and burst, instead of the default phases.
     pub matrix: bool,
+    /// `--rounds N` with `--matrix`: the four setups N times, interleaved; each cell the median
+    /// of the rounds with their range.
+    pub matrix_rounds: usize,
     /// `--retrieval`: long-term memory search (recall@1, recall@5 on `bench/retrieval/`, latency
     /// at 100,000 memories) against the memory service alone, instead of the default phases.
     pub retrieval: bool,
@@ -70,7 +73,7 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
 [--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http [--no-key]]] \
-[--matrix] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]] [--replicated]
+[--matrix [--rounds N]] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]] [--replicated]
 
   --mode separate   each service in a process of its own (default)
   --mode all        the five services in one `agentloop all` process (no runner scaling phase;
@@ -81,7 +84,9 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
                     × --inbound proto|json, each with 1 session, 10 and 100 sessions at once in
                     a closed loop and a burst (100 sessions × 10 messages published at once,
                     queue mode followup); one table, written as its own section of
-                    bench/RESULTS.md (under a minute; --quick: fewer messages)
+                    bench/RESULTS.md (under a minute; --quick: fewer messages); --rounds N runs
+                    the four setups N times, interleaved, and shows each figure's median and
+                    range, and how `all` compares with separate processes (for noisy machines)
   --retrieval       long-term memory search: the memory service alone on a fresh database, the
                     facts of bench/retrieval/facts.jsonl saved for one user and each question
                     searched (recall@1, recall@5), then SearchMemories latency over gRPC at
@@ -129,6 +134,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_http: false,
         soak_keyless: false,
         matrix: false,
+        matrix_rounds: 1,
         retrieval: false,
         inflight: Vec::new(),
         replicated: false,
@@ -165,6 +171,9 @@ pub fn parse_args() -> anyhow::Result<Options> {
             "--http" => options.soak_http = true,
             "--no-key" => options.soak_keyless = true,
             "--matrix" => options.matrix = true,
+            "--rounds" => {
+                options.matrix_rounds = value()?.parse().context("--rounds needs a count")?;
+            }
             "--retrieval" => options.retrieval = true,
             "--replicated" => options.replicated = true,
             "--inflight" => {
@@ -200,6 +209,9 @@ pub fn parse_args() -> anyhow::Result<Options> {
     }
     if options.retrieval && setup_given {
         bail!("--retrieval starts the memory service alone: --mode and --inbound do not apply");
+    }
+    if options.matrix_rounds == 0 || (options.matrix_rounds > 1 && !options.matrix) {
+        bail!("--rounds is a count of at least 1, for --matrix");
     }
     if options.matrix && setup_given {
         bail!("--matrix runs every --mode and --inbound itself: leave both out");
