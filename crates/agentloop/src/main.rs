@@ -90,18 +90,19 @@ fn run() -> anyhow::Result<()> {
         return Ok(());
     }
     let command = command.unwrap_or_default();
-    let threads = worker_threads(&command)?;
+    let threads = worker_threads()?;
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
+        .worker_threads(if command == "all" { 1 } else { threads })
         .enable_all()
         .build()
         .context("failed to start the async runtime")?
-        .block_on(start(command))
+        .block_on(start(command, threads))
 }
 
-/// `AGENTLOOP_WORKER_THREADS` when set; otherwise one for a single service and one per core for
-/// `all`, which runs every service in one process.
-fn worker_threads(command: &str) -> anyhow::Result<usize> {
+/// `AGENTLOOP_WORKER_THREADS` when set, otherwise one: the workers of a single service's
+/// runtime, and in `all` of each service's own runtime (the process's own runtime then keeps
+/// one, for signals and the built-in fake model).
+fn worker_threads() -> anyhow::Result<usize> {
     match std::env::var("AGENTLOOP_WORKER_THREADS") {
         Ok(value) => match value.trim().parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
@@ -109,14 +110,11 @@ fn worker_threads(command: &str) -> anyhow::Result<usize> {
                 "AGENTLOOP_WORKER_THREADS must be a whole number of at least 1, not {value:?}"
             ),
         },
-        Err(_) if command == "all" => {
-            Ok(std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
-        }
         Err(_) => Ok(SERVICE_WORKER_THREADS),
     }
 }
 
-async fn start(command: String) -> anyhow::Result<()> {
+async fn start(command: String, threads: usize) -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     match command.as_str() {
         "chat" => return chat::run(&args).await,
@@ -152,7 +150,7 @@ async fn start(command: String) -> anyhow::Result<()> {
     // The future `main` blocks on is polled on the main thread, outside the worker pool: a
     // service loop left there (the runner's, router's and delivery's intake) had every message
     // handed from a worker to the main thread and back, two thread wakeups per message.
-    tokio::spawn(serve(command, shutdown))
+    tokio::spawn(serve(command, shutdown, threads))
         .await
         .context("service task panicked")?
 }
@@ -160,6 +158,7 @@ async fn start(command: String) -> anyhow::Result<()> {
 async fn serve(
     command: String,
     shutdown: tokio_util::sync::CancellationToken,
+    threads: usize,
 ) -> anyhow::Result<()> {
     match command.as_str() {
         "memory" => agentloop_memory::run(load()?, shutdown)
@@ -177,7 +176,7 @@ async fn serve(
         "gateway" => agentloop_gateway::run(load()?, shutdown)
             .await
             .context("gateway failed"),
-        "all" => all::run(shutdown).await,
+        "all" => all::run(shutdown, threads).await,
         other => bail!("unknown command {other:?}\n\n{USAGE}"),
     }
 }
