@@ -8,9 +8,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
-use agentloop_agent_runner::{
-    AgentConfig, Extensions, ExternalHookConfig, HookPoint, Tool, ToolContext, ToolError,
-};
+use agentloop_agent_runner::{AgentConfig, Extensions, HookPoint, Tool, ToolContext, ToolError};
 use agentloop_fake_model::ScriptedReply;
 use agentloop_model::ToolSpec;
 use agentloop_proto::v1::SystemEvent;
@@ -686,36 +684,14 @@ async fn a_remote_tool_in_another_process_is_discovered_and_called() {
 
 #[tokio::test]
 async fn an_external_before_tool_call_hook_blocks_a_call_and_the_model_sees_why() {
-    let hook_subject = format!("hooks{}.guard", &agentloop_bus::nuid()[24..]);
-    let subject = hook_subject.clone();
-    let sandbox = Sandbox::start_with(SandboxOptions {
-        runner: Some(Box::new(move |config| {
-            config.runner.hooks.push(ExternalHookConfig {
-                point: HookPoint::BeforeToolCall,
-                subject,
-                timeout_ms: 2_000,
-                fail_open: false,
-            });
-        })),
-        ..Default::default()
+    let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let calls = seen.clone();
+    let sandbox = Sandbox::start_with_hook(HookPoint::BeforeToolCall, move |body| {
+        calls.lock().unwrap().push(body.clone());
+        json!({"block": true, "reason": "clock access is not allowed here"})
     })
     .await
     .unwrap();
-    let mut hook = sandbox.client.subscribe(hook_subject).await.unwrap();
-    let client = sandbox.client.clone();
-    let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
-    let seen2 = seen.clone();
-    tokio::spawn(async move {
-        while let Some(request) = hook.next().await {
-            let body: Value = serde_json::from_slice(&request.payload).unwrap();
-            seen2.lock().unwrap().push(body);
-            let answer = json!({"block": true, "reason": "clock access is not allowed here"});
-            client
-                .publish(request.reply.unwrap(), answer.to_string().into())
-                .await
-                .unwrap();
-        }
-    });
     sandbox
         .fake
         .push_script(ScriptedReply::tool_call("current_time", json!({})));

@@ -5,14 +5,13 @@
 
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
-use agentloop_agent_runner::{ExternalHookConfig, HookPoint};
+use agentloop_agent_runner::HookPoint;
 
 use crate::gateway::{Client, runs_of};
-use crate::harness::{Sandbox, SandboxOptions};
+use crate::harness::Sandbox;
 
 /// Sends one chat completion for `user` under `key` and returns the answer's content.
 async fn complete(sandbox: &Sandbox, user: &str, key: &str, text: &str) -> String {
@@ -113,34 +112,12 @@ async fn a_keyless_openai_request_to_a_known_session_writes_no_record() {
 #[tokio::test]
 async fn an_answer_a_hook_changed_is_stored_and_its_repeat_gets_the_changed_text() {
     // Arrange: a message_sending hook that rewrites every reply
-    let hook_subject = format!("hooks{}.sending", &agentloop_bus::nuid()[24..]);
-    let subject = hook_subject.clone();
-    let sandbox = Sandbox::start_with(SandboxOptions {
-        runner: Some(Box::new(move |config| {
-            config.runner.hooks.push(ExternalHookConfig {
-                point: HookPoint::MessageSending,
-                subject,
-                timeout_ms: 2_000,
-                fail_open: false,
-            });
-        })),
-        ..Default::default()
-    })
+    let sandbox = Sandbox::start_with_hook(
+        HookPoint::MessageSending,
+        |body| json!({"text": format!("reviewed: {}", body["text"].as_str().unwrap_or_default())}),
+    )
     .await
     .unwrap();
-    let mut hook = sandbox.client.subscribe(hook_subject).await.unwrap();
-    let client = sandbox.client.clone();
-    tokio::spawn(async move {
-        while let Some(request) = hook.next().await {
-            let body: Value = serde_json::from_slice(&request.payload).unwrap();
-            let text = body["text"].as_str().unwrap_or_default();
-            let answer = json!({"text": format!("reviewed: {text}")});
-            client
-                .publish(request.reply.unwrap(), answer.to_string().into())
-                .await
-                .unwrap();
-        }
-    });
     Client::connected(&sandbox, None).await.unwrap(); // memory ready
 
     // Act: the request, then the same key again at once and after its run finished

@@ -1,5 +1,6 @@
 //! The sandbox: a whole agentloop stack for one test.
 
+mod hooks;
 pub mod secured;
 
 use std::time::Duration;
