@@ -148,15 +148,9 @@ pub(crate) async fn submit(
     with_events: bool,
 ) -> Result<Accepted, RequestError> {
     let deadline = Instant::now() + submission.timeout;
-    let keyed = submission
-        .idempotency_key
-        .as_deref()
-        .is_some_and(|k| !k.is_empty());
-    let idempotency_key = submission
-        .idempotency_key
-        .clone()
-        .filter(|k| !k.is_empty())
-        .unwrap_or_else(agentloop_bus::nuid);
+    let given_key = submission.idempotency_key.clone().filter(|k| !k.is_empty());
+    let keyed = given_key.is_some();
+    let idempotency_key = given_key.unwrap_or_else(agentloop_bus::nuid);
     let mut inbound = InboundMessage {
         session_key: submission.session_key,
         channel: submission.channel,
@@ -200,9 +194,7 @@ pub(crate) async fn submit(
         let (events, replies) = listen(bus, &session_id, with_events, &mut inbound).await?;
         if !submission.record.needed(keyed) {
             // The key is this call's own: no other call can send it again.
-            bus.publish_durable(inbound_subject, &inbound, Some(&msg_id))
-                .await
-                .map_err(|err| RequestError::Unavailable(error_chain(&err)))?;
+            publish(bus, inbound_subject, &inbound, &msg_id).await?;
             let record = Dispatch {
                 run_handle: request.run_handle,
                 session_id,
@@ -252,21 +244,29 @@ pub(crate) async fn submit(
     known.remember(&inbound.session_key, &caller, &record.session_id);
     let follow = if record.created {
         let (events, replies) = listen(bus, &record.session_id, with_events, &mut inbound).await?;
-        bus.publish_durable(inbound_subject, &inbound, Some(&msg_id))
-            .await
-            .map_err(|err| RequestError::Unavailable(error_chain(&err)))?;
+        publish(bus, inbound_subject, &inbound, &msg_id).await?;
         Follow::Sent { events, replies }
     } else {
         if record.run_id.is_empty() && record.status == "accepted" {
             // The first caller may have died between recording and publishing; sending again
             // is harmless because the stream and the session inbox both drop the duplicate.
-            bus.publish_durable(inbound_subject, &inbound, Some(&msg_id))
-                .await
-                .map_err(|err| RequestError::Unavailable(error_chain(&err)))?;
+            publish(bus, inbound_subject, &inbound, &msg_id).await?;
         }
         Follow::Repeat
     };
     Ok(accepted(record, inbound, follow))
+}
+
+/// Publishes the message on its inbound subject under `msg_id`, once the stream has stored it.
+async fn publish(
+    bus: &Bus,
+    subject: String,
+    inbound: &InboundMessage,
+    msg_id: &str,
+) -> Result<(), RequestError> {
+    bus.publish_durable(subject, inbound, Some(msg_id))
+        .await
+        .map_err(|err| RequestError::Unavailable(error_chain(&err)))
 }
 
 /// Records the dispatch (resolving the session when the request names none).
