@@ -1,7 +1,7 @@
-//! Acknowledges run commands once their inbox rows are on disk. A Postgres run with
-//! `synchronous_commit = off` confirms commits before they are written, so one Flush covers
-//! every command enqueued before it and reports which rows it found, and only those commands
-//! are acked. A command whose row was lost (the database crashed first) or whose flush failed
+//! Acknowledges run commands once their inbox rows are on disk. Memory commits an enqueue
+//! without waiting for the WAL flush (the run starts meanwhile), so one Flush covers every
+//! command enqueued before it and reports which rows it found, and only those commands are
+//! acked. A command whose row was lost (the database crashed first) or whose flush failed
 //! stays unacknowledged: JetStream delivers it again and the inbox absorbs any repeat.
 
 use std::collections::HashSet;

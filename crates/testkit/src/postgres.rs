@@ -108,10 +108,13 @@ impl PrivatePostgres {
     /// When the server does not start within 30 s.
     pub fn start_again(&mut self) -> anyhow::Result<()> {
         // fsync=off survives a crash of the server process (the OS keeps the pages); it would
-        // not survive the machine's. Commits stay synchronous: an immediate stop must not lose
-        // a transaction the services were told had committed.
+        // not survive the machine's. A transaction committed without waiting for the flush
+        // (enqueues, stored answers) reaches the OS only when a later synchronous commit or
+        // the WAL writer writes it: the writer waits as long as it may (10 s), so an immediate
+        // stop loses every such commit no synchronous one covered yet, as a crash at worst would.
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
+             -c wal_writer_delay=10000",
             self.port,
             self.dir.display()
         );

@@ -344,3 +344,67 @@ pub(crate) fn taken_from(row: TakeRow, session_id: Uuid) -> Option<Taken> {
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::synchronous_commit;
+    use sqlx::PgPool;
+
+    fn args(session_id: Uuid, key: &str) -> EnqueueArgs {
+        EnqueueArgs {
+            session_id,
+            key: key.to_owned(),
+            kind: InboxKind::User.as_str(),
+            payload: key.as_bytes().to_vec(),
+            owner: Some("runner-a".to_owned()),
+            ttl_ms: Some(60_000),
+            history_limit: Some(50),
+            history_after: 0,
+        }
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn an_enqueue_commits_without_waiting_for_the_disk_and_a_flush_makes_it_durable(
+        pool: PgPool,
+    ) {
+        let store = Store::new(pool);
+        let session = store
+            .resolve_session("cli:async", "main", Some("cli"))
+            .await
+            .unwrap();
+        let one = args(session.id, "k1");
+        let mut tx = store.pool().begin().await.unwrap();
+        let row = enqueue_one(&mut tx, &one).await.unwrap();
+        assert_eq!(synchronous_commit(&mut *tx).await, "off", "a lone enqueue");
+        tx.commit().await.unwrap();
+        let seq = row.enqueued().seq;
+
+        let (two, three) = (args(session.id, "k2"), args(session.id, "k3"));
+        let mut tx = store.pool().begin().await.unwrap();
+        let rows = bind_many(
+            sqlx::query_as::<_, IndexedEnqueueRow>(include_str!("queries/enqueue_many.sql")),
+            &[&two, &three],
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        assert_eq!(rows.len(), 2, "one row per enqueue");
+        assert_eq!(
+            synchronous_commit(&mut *tx).await,
+            "off",
+            "a batch of enqueues"
+        );
+        tx.commit().await.unwrap();
+
+        // The setting ended with each transaction: what runs next on the connection waits for
+        // the disk again, and the flush (what the runner's acks wait for) finds the row.
+        let mut conn = store.pool().acquire().await.unwrap();
+        assert_eq!(synchronous_commit(&mut *conn).await, "on");
+        let durable = store
+            .flush(&[(seq, "k1".to_owned()), (seq, "not-k1".to_owned())])
+            .await
+            .unwrap();
+        assert_eq!(durable, vec![(seq, "k1".to_owned())]);
+    }
+}

@@ -395,6 +395,16 @@ pub(crate) async fn write_inbox_max_pending(pool: &PgPool, cap: u64) -> Result<(
     .map(|_| ())
 }
 
+/// The `synchronous_commit` Postgres reports on `executor` (inside a transaction, that
+/// transaction's).
+#[cfg(test)]
+pub(crate) async fn synchronous_commit<'c, E: sqlx::PgExecutor<'c>>(executor: E) -> String {
+    sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(executor)
+        .await
+        .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -231,7 +231,7 @@ mod tests {
     use sqlx::PgPool;
     use uuid::Uuid;
 
-    use crate::store::{Dispatch, Store};
+    use crate::store::{Dispatch, Store, synchronous_commit};
 
     #[sqlx::test(migrations = "./migrations")]
     async fn a_completion_is_stored_once_and_its_async_commit_stays_in_its_transaction(
@@ -360,13 +360,5 @@ mod tests {
         // Each statement's setting ended with its transaction.
         let setting = synchronous_commit(store.pool()).await;
         assert_eq!(setting, "on");
-    }
-
-    /// The connection's `synchronous_commit` as Postgres reports it.
-    async fn synchronous_commit<'c, E: sqlx::PgExecutor<'c>>(executor: E) -> String {
-        sqlx::query_scalar("SHOW synchronous_commit")
-            .fetch_one(executor)
-            .await
-            .unwrap()
     }
 }
