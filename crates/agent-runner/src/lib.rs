@@ -22,6 +22,7 @@ mod hooks;
 mod intake;
 mod learn;
 mod learner;
+mod leases;
 mod memory;
 mod order;
 mod owner;

@@ -9,9 +9,10 @@ use agentloop_proto::v1::session_service_client::SessionServiceClient;
 use agentloop_proto::v1::{
     AppendEntriesRequest, ClaimSessionRequest, ClaimSessionResponse, EnqueueRequest,
     EnqueueResponse, Entry, FinishRunRequest, FinishRunResponse, FlushRequest, FlushResponse,
-    GetCooldownsRequest, GetHistoryRequest, GetHistoryResponse, InboxItem, ListClaimableRequest,
-    ProfileCooldown, ReleaseSessionRequest, RenewLeaseRequest, ReportProfileFailureRequest,
-    ReportProfileSuccessRequest, TakeNextRequest, TakeNextResponse, TakeQueuedRequest,
+    GetCooldownsRequest, GetHistoryRequest, GetHistoryResponse, HeldLease, InboxItem,
+    ListClaimableRequest, ProfileCooldown, ReleaseSessionRequest, RenewLeaseRequest,
+    RenewLeasesRequest, ReportProfileFailureRequest, ReportProfileSuccessRequest, TakeNextRequest,
+    TakeNextResponse, TakeQueuedRequest,
 };
 use agentloop_proto::v1::{Approval, AuditRecord, GetApprovalRequest, RequestApprovalRequest};
 use agentloop_proto::v1::{ClaimLearnJobRequest, FinishLearnJobRequest, LearnJob};
@@ -323,6 +324,28 @@ impl MemoryClient {
         self.once(request, async |m, r| m.renew_lease(r).await)
             .await
             .map(|response| response.ok)
+    }
+
+    /// Renews the leases of `leases` (session, epoch) for `ttl_ms` in one call; returns the
+    /// sessions renewed. Tried once: the renewer calls again well before a lease runs out.
+    pub(crate) async fn renew_many(
+        &self,
+        leases: &[(String, i64)],
+        ttl_ms: u32,
+    ) -> Result<std::collections::HashSet<String>, MemoryCallError> {
+        let request = RenewLeasesRequest {
+            leases: leases
+                .iter()
+                .map(|(session_id, epoch)| HeldLease {
+                    session_id: session_id.clone(),
+                    epoch: *epoch,
+                })
+                .collect(),
+            ttl_ms,
+        };
+        self.once(request, async |m, r| m.renew_leases(r).await)
+            .await
+            .map(|response| response.renewed.into_iter().collect())
     }
 
     /// The session's newest `limit` transcript entries.

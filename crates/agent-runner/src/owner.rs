@@ -1,14 +1,12 @@
-//! The owner of one session: renews its lease and runs its inbox empty, one input at a time.
+//! The owner of one session: runs its inbox empty, one input at a time, while the replica's
+//! renewer (`leases.rs`) keeps its lease.
 //!
-//! Both tasks live as long as the session is owned, for every session in flight, so their
-//! memory calls are awaited boxed: held inline, they made the owner's task 7.5 KiB and the
-//! renewer's 2 KiB for the whole run, against 3.4 KiB and 0.3 KiB boxed (see `run/mod.rs` for
-//! the run's own future).
+//! The owner's task lives as long as the session is owned, for every session in flight, so its
+//! memory calls are awaited boxed: held inline, they made the task 7.5 KiB for the whole run,
+//! against 3.4 KiB boxed (see `run/mod.rs` for the run's own future).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -31,14 +29,9 @@ pub(crate) async fn own(
     let span = tracing::info_span!("own", session_id = %session_id, epoch);
     async {
         let lease_lost = CancellationToken::new();
-        let renewer = tokio::spawn(renew(
-            replica.clone(),
-            session_id.clone(),
-            epoch,
-            lease_lost.clone(),
-        ));
+        let lease = replica.leases.hold(&session_id, epoch, lease_lost.clone());
         owner_loop(&replica, &session_id, epoch, &lease_lost, &signals, first).await;
-        renewer.abort();
+        drop(lease);
         if replica.abandon.is_cancelled() && !lease_lost.is_cancelled() {
             // The drain time ran out mid-run: what the run persisted stays, and the next owner
             // resumes from there, so the lease goes back now instead of when it expires.
@@ -237,77 +230,5 @@ async fn hand_back(replica: &Arc<Replica>, session_id: &str, epoch: i64) {
         Err(err) => {
             tracing::warn!(error = %err, "hand-back failed; the lease expires by itself");
         }
-    }
-}
-
-async fn renew(
-    replica: Arc<Replica>,
-    session_id: String,
-    epoch: i64,
-    lease_lost: CancellationToken,
-) {
-    let ttl = replica.lease_ttl_ms().max(30);
-    let every = Duration::from_millis(u64::from(ttl / 3));
-    let ttl_span = Duration::from_millis(u64::from(ttl));
-    // Granted by the claim a moment ago; counted from here the TTL ends late by that call's
-    // time, small against the TTL.
-    let mut renewed_at = Instant::now();
-    loop {
-        tokio::time::sleep(every).await;
-        let sent = Instant::now();
-        // Waited for only while the lease could still be held: across a cut link a call hangs
-        // until TCP gives up, minutes later. A slow link's late answer still counts.
-        let outcome = tokio::time::timeout_at(
-            renewed_at + ttl_span,
-            Box::pin(replica.memory.renew(&session_id, epoch, ttl)),
-        )
-        .await;
-        match outcome {
-            Ok(Ok(true)) => renewed_at = sent,
-            Ok(Ok(false)) => {
-                lease_lost.cancel();
-                return;
-            }
-            // One failed renewal is not a lost lease; the next tick tries again well before
-            // the lease runs out.
-            Ok(Err(err)) => tracing::warn!(error = %err, "lease renewal failed"),
-            Err(_) => {}
-        }
-        if lease_may_have_run_out(renewed_at, Instant::now(), ttl_span) {
-            // Memory may have given the session to another replica by now. Its writes would
-            // be refused, but a tool call or a model call would not: stop them here.
-            tracing::warn!(
-                unrenewed_ms = renewed_at.elapsed().as_millis() as u64,
-                "lease not renewed for its whole TTL, giving the session up"
-            );
-            lease_lost.cancel();
-            return;
-        }
-    }
-}
-
-/// Whether a lease last renewed by a call sent at `renewed_at` may have run out at `now`:
-/// memory counts the TTL from when it got the call, which is no earlier than the send.
-fn lease_may_have_run_out(renewed_at: Instant, now: Instant, ttl: Duration) -> bool {
-    now.saturating_duration_since(renewed_at) >= ttl
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lease_counts_as_run_out_a_whole_ttl_after_the_last_renewal_was_sent() {
-        let sent = Instant::now();
-        let ttl = Duration::from_millis(1200);
-        assert!(!lease_may_have_run_out(sent, sent, ttl));
-        assert!(!lease_may_have_run_out(
-            sent,
-            sent + Duration::from_millis(1199),
-            ttl
-        ));
-        assert!(lease_may_have_run_out(sent, sent + ttl, ttl));
-        // A clock read before the send (another thread's) is not a negative age.
-        assert!(!lease_may_have_run_out(sent + ttl, sent, ttl));
     }
 }

@@ -62,6 +62,8 @@ pub(crate) struct Replica {
     pub(crate) dead_letters: DeadLetters,
     /// Acknowledges run commands once their inbox rows are on disk.
     pub(crate) acks: AckSender,
+    /// Renews the leases this replica holds.
+    pub(crate) leases: crate::leases::Leases,
     /// Keeps a session's commands in their RUNS order across replicas.
     pub(crate) order: Arc<crate::order::CommandOrder>,
     /// The transcript windows of recent sessions.
@@ -115,6 +117,7 @@ pub(crate) struct Parts {
     pub(crate) metrics: Metrics,
     pub(crate) dead_letters: DeadLetters,
     pub(crate) acks: AckSender,
+    pub(crate) leases: crate::leases::Leases,
     pub(crate) order: Arc<crate::order::CommandOrder>,
     pub(crate) learner: Option<Arc<crate::learner::Learner>>,
     pub(crate) scanner: Option<agentloop_scanner::Scanner>,
@@ -157,6 +160,7 @@ impl Replica {
             metrics: parts.metrics,
             dead_letters: parts.dead_letters,
             acks: parts.acks,
+            leases: parts.leases,
             order: parts.order,
             histories: Mutex::new(HistoryCache::new(
                 config.runner.history_cache_entries,

@@ -61,6 +61,8 @@ pub(crate) async fn serve(
     ));
     let ack_stop = CancellationToken::new();
     let (acks, acker) = crate::acks::start(memory.clone(), order.clone(), ack_stop.clone());
+    let lease_ttl_ms = u32::try_from(config.runner.lease_ttl_ms).unwrap_or(u32::MAX);
+    let (leases, renewer) = crate::leases::Leases::start(memory.clone(), lease_ttl_ms);
     let mut local_tools: Vec<Arc<dyn Tool>> = crate::tools::builtins();
     local_tools.extend(extensions.tools);
     local_tools.extend(crate::tools::mcp::connect_all(&config.mcp).await);
@@ -76,6 +78,7 @@ pub(crate) async fn serve(
             metrics: metrics(&health),
             dead_letters: DeadLetters::new(bus.clone(), SERVICE, &health),
             acks,
+            leases,
             order,
             learner: crate::learner::Learner::new(&config.memory)?,
             scanner: config.scanner.build()?,
@@ -181,6 +184,8 @@ pub(crate) async fn serve(
         replica.abandon.cancel();
         replica.tracker.wait().await;
     }
+    // Every owner is gone, and with it every lease this replica renewed.
+    renewer.abort();
     Ok(())
 }
 

@@ -176,6 +176,8 @@ session_service! {
         = "ClaimSession" => SessionApi::claim_session;
     renew_lease(pb::RenewLeaseRequest) -> pb::RenewLeaseResponse
         = "RenewLease" => SessionApi::renew_lease;
+    renew_leases(pb::RenewLeasesRequest) -> pb::RenewLeasesResponse
+        = "RenewLeases" => SessionApi::renew_leases;
     take_next(pb::TakeNextRequest) -> pb::TakeNextResponse
         = "TakeNext" => SessionApi::take_next;
     finish_run(pb::FinishRunRequest) -> pb::FinishRunResponse

@@ -45,6 +45,23 @@ impl SessionApi {
         Ok(pb::RenewLeaseResponse { ok })
     }
 
+    /// `RenewLeases`: extends every listed lease its epoch still holds.
+    pub(super) async fn renew_leases(
+        &self,
+        req: pb::RenewLeasesRequest,
+    ) -> Result<pb::RenewLeasesResponse, MemoryError> {
+        let ttl = parse_ttl(req.ttl_ms)?;
+        let leases = req
+            .leases
+            .iter()
+            .map(|lease| Ok((parse_id("session_id", &lease.session_id)?, lease.epoch)))
+            .collect::<Result<Vec<_>, MemoryError>>()?;
+        let renewed = self.store()?.renew_leases(&leases, ttl).await?;
+        Ok(pb::RenewLeasesResponse {
+            renewed: renewed.iter().map(uuid::Uuid::to_string).collect(),
+        })
+    }
+
     /// `TakeNext`: the oldest pending input as a run, with the history asked for.
     pub(super) async fn take_next(
         &self,

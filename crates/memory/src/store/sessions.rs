@@ -102,6 +102,30 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Extends each lease of `leases` (session, epoch) its epoch still holds by `ttl` from now,
+    /// in one statement; returns the sessions renewed.
+    ///
+    /// # Errors
+    /// A database error (nothing is renewed then).
+    pub async fn renew_leases(
+        &self,
+        leases: &[(Uuid, i64)],
+        ttl: Duration,
+    ) -> Result<Vec<Uuid>, MemoryError> {
+        let mut sorted = leases.to_vec();
+        sorted.sort_unstable();
+        let (ids, epochs): (Vec<Uuid>, Vec<i64>) = sorted.into_iter().unzip();
+        let mut conn = self.conn(Uuid::nil()).await?;
+        let result = sqlx::query_scalar::<_, Uuid>(include_str!("queries/renew_leases.sql"))
+            .bind(ids)
+            .bind(epochs)
+            .bind(millis(ttl))
+            .fetch_all(&mut *conn)
+            .await;
+        conn.settle(result)
+            .map_err(|err| translate(err, Uuid::nil()))
+    }
+
     /// Gives the lease held with `epoch` back; returns false (keep running) while inputs are
     /// pending or when `epoch` no longer holds it.
     ///

@@ -322,6 +322,60 @@ async fn an_expired_lease_moves_to_a_new_owner_and_fences_the_old_epoch(pool: Pg
 }
 
 #[sqlx::test(migrations = "./migrations")]
+async fn renewing_many_leases_extends_those_their_epoch_holds_and_only_those(pool: PgPool) {
+    let store = Store::new(pool);
+    let (held, held_epoch) = held_session(&store, "renew:held", "runner-a").await;
+    let (other, other_epoch) = held_session(&store, "renew:other", "runner-a").await;
+    let (released, released_epoch) = held_session(&store, "renew:released", "runner-a").await;
+    assert!(
+        store
+            .release_session(released, released_epoch)
+            .await
+            .unwrap()
+    );
+    let expiry = |id: Uuid| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+                "SELECT lease_expires_at FROM sessions WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let other_before = expiry(other).await;
+
+    let renewed = store
+        .renew_leases(
+            &[
+                (held, held_epoch),
+                // A stale epoch, a released lease and a session that does not exist.
+                (other, other_epoch - 1),
+                (released, released_epoch),
+                (Uuid::now_v7(), 1),
+            ],
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(renewed, vec![held]);
+    let held_after = expiry(held).await.expect("a held lease has an expiry");
+    assert!(
+        held_after > chrono::Utc::now() + chrono::Duration::seconds(300),
+        "extended by the ttl asked for: {held_after}"
+    );
+    assert_eq!(
+        expiry(other).await,
+        other_before,
+        "a stale epoch renews nothing"
+    );
+    assert!(store.renew_leases(&[], LONG_TTL).await.unwrap().is_empty());
+}
+
+#[sqlx::test(migrations = "./migrations")]
 async fn take_next_returns_the_oldest_input_and_counts_a_retake(pool: PgPool) {
     let store = Store::new(pool);
     let (session_id, epoch) = held_session(&store, "s", "runner-a").await;
