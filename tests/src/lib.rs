@@ -32,6 +32,8 @@ mod injection;
 #[cfg(test)]
 mod knowledge;
 #[cfg(test)]
+mod leases;
+#[cfg(test)]
 mod mcp;
 #[cfg(test)]
 mod openclaw;
