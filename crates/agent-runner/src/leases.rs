@@ -23,6 +23,8 @@ enum Change {
         session_id: String,
         epoch: i64,
         lost: CancellationToken,
+        /// When the owner registered it, right after the claim: the renewer may read this late.
+        since: Instant,
     },
     Drop {
         session_id: String,
@@ -70,6 +72,7 @@ impl Leases {
             session_id: session_id.to_owned(),
             epoch,
             lost,
+            since: Instant::now(),
         });
         Held {
             changes: self.changes.clone(),
@@ -122,16 +125,16 @@ fn apply(held: &mut HashMap<String, Lease>, change: Change) {
             session_id,
             epoch,
             lost,
+            since,
         } => {
-            // Granted by the claim a moment ago; counted from here the TTL ends late by that
-            // call's time, small against the TTL.
-            let renewed_at = Instant::now();
+            // Granted by the claim a moment before `since`; counted from there the TTL ends
+            // late by that call's time, small against the TTL.
             held.insert(
                 session_id,
                 Lease {
                     epoch,
                     lost,
-                    renewed_at,
+                    renewed_at: since,
                 },
             );
         }
@@ -244,6 +247,7 @@ mod tests {
             session_id: "s".to_owned(),
             epoch,
             lost: CancellationToken::new(),
+            since: Instant::now(),
         };
         let drop = |epoch| Change::Drop {
             session_id: "s".to_owned(),
