@@ -322,7 +322,7 @@ async fn an_expired_lease_moves_to_a_new_owner_and_fences_the_old_epoch(pool: Pg
 }
 
 #[sqlx::test(migrations = "./migrations")]
-async fn renewing_many_leases_extends_those_their_epoch_holds_and_only_those(pool: PgPool) {
+async fn renewing_many_leases_extends_those_their_epoch_still_holds_and_only_those(pool: PgPool) {
     let store = Store::new(pool);
     let (held, held_epoch) = held_session(&store, "renew:held", "runner-a").await;
     let (other, other_epoch) = held_session(&store, "renew:other", "runner-a").await;
@@ -333,6 +333,16 @@ async fn renewing_many_leases_extends_those_their_epoch_holds_and_only_those(poo
             .await
             .unwrap()
     );
+    let (handed_back, handed_back_epoch) =
+        held_session(&store, "renew:handed-back", "runner-a").await;
+    // A hand-back lets the lease run out at once (1 ms).
+    assert!(
+        store
+            .renew_lease(handed_back, handed_back_epoch, Duration::from_millis(1))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
     let expiry = |id: Uuid| {
         let pool = store.pool().clone();
         async move {
@@ -351,9 +361,11 @@ async fn renewing_many_leases_extends_those_their_epoch_holds_and_only_those(poo
         .renew_leases(
             &[
                 (held, held_epoch),
-                // A stale epoch, a released lease and a session that does not exist.
+                // A stale epoch, a released lease, one run out and a session that does not
+                // exist.
                 (other, other_epoch - 1),
                 (released, released_epoch),
+                (handed_back, handed_back_epoch),
                 (Uuid::now_v7(), 1),
             ],
             Duration::from_secs(600),
