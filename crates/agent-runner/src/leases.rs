@@ -113,7 +113,7 @@ async fn renew_all(
                 while let Ok(change) = changes.try_recv() {
                     apply(&mut held, change);
                 }
-                renew(&memory, &mut held, ttl_ms).await;
+                renew(&memory, &mut held, ttl_ms, ttl).await;
             }
         }
     }
@@ -148,8 +148,13 @@ fn apply(held: &mut HashMap<String, Lease>, change: Change) {
 }
 
 /// Gives up the leases run out, renews the others, then gives up those lost or run out by now.
-async fn renew(memory: &MemoryClient, held: &mut HashMap<String, Lease>, ttl_ms: u32) {
-    let ttl = Duration::from_millis(u64::from(ttl_ms));
+/// `ttl` is `ttl_ms` as a duration.
+async fn renew(
+    memory: &MemoryClient,
+    held: &mut HashMap<String, Lease>,
+    ttl_ms: u32,
+    ttl: Duration,
+) {
     // First, so that no call waits only as long as a lease already gone could.
     give_up_run_out(held, ttl);
     let listed: Vec<(String, i64)> = held
