@@ -188,7 +188,8 @@ pub async fn replies_stored(js: &jetstream::Context, n: u64, within: Duration) -
 }
 
 /// Log words that tell which hop reordered a session's messages.
-const ORDER_WORDS: [&str; 7] = [
+const ORDER_WORDS: [&str; 8] = [
+    "went elsewhere",
     "earlier one",
     "does not answer",
     "never reached",
@@ -215,7 +216,7 @@ pub async fn verify(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let history = History {
         accepted,
-        replies: read_capture(js).await,
+        replies: read_capture(js, if stored { total as u64 } else { 0 }).await,
     };
     let findings = history.check();
     let reordered = findings.out_of_order.len();
@@ -278,10 +279,11 @@ pub async fn verify(
     history
 }
 
-/// Reads every reply the capture stream stored, in stream order. A reader whose pulls stall
-/// (its consumer placed on a node that is slow or between leaders) is replaced by a new one
-/// starting after the last reply read.
-pub async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
+/// Reads every reply the capture stream stored, in stream order, at least `stored` of them (a
+/// new reader's count of what it has to read can lag behind what the stream holds, down to
+/// nothing). A reader whose pulls stall (its consumer placed on a node that is slow or between
+/// leaders) is replaced by a new one starting after the last reply read.
+pub async fn read_capture(js: &jetstream::Context, stored: u64) -> Vec<Reply> {
     let mut replies = Vec::new();
     let mut next_seq = 1;
     let mut total = None;
@@ -289,7 +291,7 @@ pub async fn read_capture(js: &jetstream::Context) -> Vec<Reply> {
         let Some((consumer, pending)) = capture_reader(js, next_seq).await else {
             continue;
         };
-        let total = *total.get_or_insert(replies.len() as u64 + pending);
+        let total = *total.get_or_insert((replies.len() as u64 + pending).max(stored));
         let Ok(mut messages) = consumer.messages().await else {
             continue;
         };
