@@ -161,6 +161,77 @@ async fn replies_held_by_a_dead_connection_or_another_replica_still_go_out_befor
     delivery.shutdown().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_reply_handed_back_goes_out_before_the_later_ones_queued_behind_it() {
+    // Arrange: a stream keeps the cli channel's deliveries but refuses s0's for now (too
+    // large), so delivery hands s0 back while s1 waits behind it in the session's lane
+    let Stream {
+        nats: _nats,
+        bus,
+        js,
+        ..
+    } = Stream::open(StreamKind::Outbound, "delivery", 2_000).await;
+    let prefix = bus.prefix.clone();
+    let mut capture = jetstream::stream::Config {
+        name: format!("CAPTURE_{prefix}"),
+        subjects: vec![format!("{prefix}.deliver.cli.>")],
+        max_message_size: 1_000,
+        ..Default::default()
+    };
+    js.create_stream(capture.clone()).await.unwrap();
+    store_reply(
+        &js,
+        &prefix,
+        SESSION_S,
+        &format!("s0 {}", "x".repeat(2_000)),
+    )
+    .await;
+    store_reply(&js, &prefix, SESSION_S, "s1").await;
+
+    // Act: delivery tries s0 in place briefly, hands it back, and s0 may pass later
+    let (delivery, admin) = start_delivery(BusConfig {
+        publish_retry_ms: 300,
+        ..bus.clone()
+    })
+    .await;
+    agentloop_testkit::wait_until("s0 handed back", WAIT, || {
+        let admin = admin.clone();
+        async move {
+            let text = reqwest::get(format!("http://{admin}/metrics"))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            text.contains("outcome=\"handed_back\"").then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    // Time for s1 to overtake, were it still in the lane.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    capture.max_message_size = -1;
+    js.update_stream(&capture).await.unwrap();
+
+    // Assert: the channel got s0 first, then s1
+    let stream = js.get_stream(&capture.name).await.unwrap();
+    agentloop_testkit::wait_until("both replies delivered", WAIT, || {
+        let stream = stream.clone();
+        async move { (stream.get_info().await.ok()?.state.messages == 2).then_some(()) }
+    })
+    .await
+    .unwrap();
+    let mut texts = Vec::new();
+    for seq in 1..=2 {
+        let stored = stream.get_raw_message(seq).await.unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&stored.payload).unwrap();
+        let text = reply["text"].as_str().unwrap();
+        texts.push(text.split(' ').next().unwrap().to_owned());
+    }
+    assert_eq!(texts, ["s0", "s1"]);
+    delivery.shutdown().await.unwrap();
+}
+
 /// Pulls `n` messages of `consumer` and holds them unacked, as a replica whose connection then
 /// died would.
 async fn pull_and_hold(consumer: &PullConsumer, n: usize) -> Vec<jetstream::Message> {

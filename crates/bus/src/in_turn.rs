@@ -103,36 +103,69 @@ impl InTurn {
     /// Reads the messages in `gap` still in the stream and records their keys: one by one,
     /// several at once, for a gap of the usual size (what other replicas took since this one's
     /// last delivery); by a scan that skips settled ones for a larger gap (after a start). The
-    /// messages already delivered to this replica wait meanwhile, so the reading stops after
-    /// a third of the ack wait, before they could be handed out again: the rest of the gap is
-    /// not waited for.
-    pub(crate) async fn read_gap(&self, gap: Range<u64>) {
-        let Some(stream) = &self.stream else {
+    /// messages already delivered to this replica wait meanwhile, so after a third of the ack
+    /// wait (an election answers nothing for seconds) the reading goes on in the background and
+    /// this returns: every later message then waits out of its lane, with progress acks, until
+    /// the gap is read or the longest wait has passed, since any of them may be of a key whose
+    /// earlier message is in the gap.
+    pub(crate) async fn read_gap(self: Arc<Self>, gap: Range<u64>) {
+        if self.stream.is_none() {
+            return;
+        }
+        let mut reading = Box::pin(self.clone().read_all(gap.clone()));
+        if tokio::time::timeout(self.progress_every, &mut reading)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        lock(&self.order).unread(gap.clone(), std::time::Instant::now());
+        tracing::warn!(
+            from = gap.start,
+            until = gap.end,
+            "cannot read in time the messages that went elsewhere (the stream does not answer); \
+             later messages wait until they are read"
+        );
+        tokio::spawn(async move {
+            let started = Instant::now();
+            if tokio::time::timeout(self.max_wait, reading).await.is_ok() {
+                tracing::info!(
+                    from = gap.start,
+                    until = gap.end,
+                    read_ms = started.elapsed().as_millis() as u64,
+                    "read the messages that went elsewhere at last; later messages go on"
+                );
+            } else {
+                tracing::warn!(
+                    from = gap.start,
+                    until = gap.end,
+                    "never read the messages that went elsewhere; later messages are no longer \
+                     held for them"
+                );
+            }
+            lock(&self.order).read(&gap);
+            self.settled.notify_waiters();
+        });
+    }
+
+    /// Reads every message of `gap` still in the stream, recording each one's key.
+    async fn read_all(self: Arc<Self>, gap: Range<u64>) {
+        let this: &Self = &self;
+        let Some(stream) = &this.stream else {
             return;
         };
-        let read = async {
-            if gap.end - gap.start <= ONE_BY_ONE {
-                futures::stream::iter(gap.clone())
-                    .map(|seq| self.read_at(stream, seq))
-                    .buffer_unordered(READS_AT_ONCE)
-                    .for_each(|found| async move {
-                        if let Some(message) = found {
-                            self.record_away(&message);
-                        }
-                    })
-                    .await;
-            } else {
-                self.scan(stream, gap.clone()).await;
-            }
-        };
-        let deadline = Instant::now() + self.progress_every;
-        if tokio::time::timeout_at(deadline, read).await.is_err() {
-            tracing::warn!(
-                from = gap.start,
-                until = gap.end,
-                "cannot read in time the messages that went elsewhere; their sessions' later \
-                 messages are not held for them"
-            );
+        if gap.end - gap.start <= ONE_BY_ONE {
+            futures::stream::iter(gap)
+                .map(|seq| this.read_at(stream, seq))
+                .buffer_unordered(READS_AT_ONCE)
+                .for_each(|found| async move {
+                    if let Some(message) = found {
+                        this.record_away(&message);
+                    }
+                })
+                .await;
+        } else {
+            this.scan(stream, gap).await;
         }
     }
 
@@ -270,6 +303,17 @@ impl InTurn {
                 () = settled => {}
                 () = tokio::time::sleep_until(look_at) => {}
             }
+        }
+    }
+
+    /// Whether `msg` of `key`, next in its key's lane, may go now. `false` when an earlier
+    /// message of its key left the lane meanwhile (handed back after its delivery kept
+    /// failing): it is then to wait out of the lane ([`InTurn::wait_turn`]), for the earlier
+    /// one comes back into that lane behind it.
+    pub fn still_first(&self, msg: &jetstream::Message, key: &str) -> bool {
+        match (&self.stream, msg.info()) {
+            (Some(_), Ok(info)) => lock(&self.order).still_first(key, info.stream_sequence),
+            _ => true,
         }
     }
 

@@ -55,6 +55,10 @@ pub(crate) struct StreamOrder {
     keys: HashMap<String, BTreeMap<u64, Place>>,
     /// How many entries are [`Place::Away`].
     away: usize,
+    /// Gaps whose messages could not be read yet (the stream did not answer: an election), by
+    /// start, with their end and since when: their keys are unknown, so every later message
+    /// waits until they are read.
+    unread: BTreeMap<u64, (u64, Instant)>,
     /// How long a message elsewhere is waited for: by then it is settled or JetStream gave it
     /// up (`bus.ack_wait_ms` × `bus.max_deliver`).
     max_wait: Duration,
@@ -67,6 +71,7 @@ impl StreamOrder {
             next: None,
             keys: HashMap::new(),
             away: 0,
+            unread: BTreeMap::new(),
             max_wait,
         }
     }
@@ -111,7 +116,8 @@ impl StreamOrder {
         }
         let clear = messages
             .range(..seq)
-            .all(|(_, place)| *place == Place::Lane);
+            .all(|(_, place)| *place == Place::Lane)
+            && !unread_before(&self.unread, seq);
         let (place, arrival) = if clear {
             (Place::Lane, Arrival::Lane)
         } else {
@@ -127,10 +133,16 @@ impl StreamOrder {
     /// however many wait behind it). A message elsewhere longer than the longest wait no longer
     /// counts.
     pub(crate) fn turn(&mut self, key: &str, seq: u64, now: Instant) -> Result<(), Option<u64>> {
+        let max_wait = self.max_wait;
+        self.unread
+            .retain(|_, (_, since)| now.duration_since(*since) < max_wait);
+        if unread_before(&self.unread, seq) {
+            // Read off the consume loop ([`StreamOrder::read`] ends it); nothing to look up.
+            return Err(None);
+        }
         let Some(messages) = self.keys.get_mut(key) else {
             return Ok(());
         };
-        let max_wait = self.max_wait;
         let before = messages.len();
         messages.retain(|s, place| {
             *s >= seq || !matches!(place, Place::Away(at) if now.duration_since(*at) >= max_wait)
@@ -149,6 +161,35 @@ impl StreamOrder {
             }
         }
         Err(first_away)
+    }
+
+    /// The message at `seq` of `key`, queued in its key's lane, is next there: whether it may
+    /// go. Not when an earlier message of its key left the lane meanwhile (handed back after
+    /// its delivery kept failing) or is known elsewhere: then it waits out of the lane, as
+    /// [`Arrival::Wait`], for the earlier one may come back into that lane behind it.
+    pub(crate) fn still_first(&mut self, key: &str, seq: u64) -> bool {
+        let Some(messages) = self.keys.get_mut(key) else {
+            return true;
+        };
+        let first = messages
+            .range(..seq)
+            .all(|(_, place)| *place == Place::Lane);
+        if !first && let Some(place) = messages.get_mut(&seq) {
+            *place = Place::Waiting;
+        }
+        first
+    }
+
+    /// The messages of `gap` could not be read in time: until [`StreamOrder::read`] says they
+    /// are, or the longest wait passed, every message after it waits.
+    pub(crate) fn unread(&mut self, gap: Range<u64>, now: Instant) {
+        self.unread.insert(gap.start, (gap.end, now));
+    }
+
+    /// The messages of `gap` were read (each one still in the stream recorded with
+    /// [`StreamOrder::away`]), or reading them was given up.
+    pub(crate) fn read(&mut self, gap: &Range<u64>) {
+        self.unread.remove(&gap.start);
     }
 
     /// The message at `seq` of `key` is settled: delivered or dead-lettered here, or found
@@ -198,6 +239,11 @@ impl StreamOrder {
         });
         self.away -= forgotten;
     }
+}
+
+/// Whether a gap not read yet lies before `seq`: a message of any key may be in it.
+fn unread_before(unread: &BTreeMap<u64, (u64, Instant)>, seq: u64) -> bool {
+    unread.range(..seq).next().is_some()
 }
 
 #[cfg(test)]
@@ -302,5 +348,49 @@ mod tests {
         assert!(order.any_away(), "9 is still there");
         order.sweep(5, now + WAIT);
         assert!(!order.any_away());
+    }
+
+    #[test]
+    fn a_message_queued_in_the_lane_behind_one_handed_back_leaves_the_lane_and_waits() {
+        let now = Instant::now();
+        let mut order = StreamOrder::new(WAIT);
+        // 2 came while 1 was being delivered: queued behind it in the lane.
+        assert_eq!(order.arrived("s", 1), Arrival::Lane);
+        assert_eq!(order.arrived("s", 2), Arrival::Lane);
+        assert_eq!(order.arrived("t", 3), Arrival::Lane);
+        order.handed_back("s", 1, now);
+        assert!(
+            !order.still_first("s", 2),
+            "1 goes back to the stream first"
+        );
+        assert_eq!(order.turn("s", 2, now), Err(Some(1)));
+        assert!(order.still_first("t", 3), "another key is not held");
+        // 1 comes again: into the lane, and 2 follows once it is settled.
+        assert_eq!(order.arrived("s", 1), Arrival::Lane);
+        assert_eq!(order.turn("s", 2, now), Err(None));
+        order.done("s", 1);
+        assert_eq!(order.turn("s", 2, now), Ok(()));
+    }
+
+    #[test]
+    fn a_gap_not_read_in_time_holds_every_later_message_until_it_is_read() {
+        let now = Instant::now();
+        let mut order = StreamOrder::new(WAIT);
+        assert_eq!(order.arrived("s", 1), Arrival::Lane);
+        order.unread(4..6, now);
+        assert_eq!(order.arrived("s", 2), Arrival::Lane, "before the gap");
+        assert_eq!(order.arrived("t", 6), Arrival::Wait, "any key may be in it");
+        assert_eq!(order.turn("t", 6, now), Err(None));
+        // Read at last: 5 is of key t and still in the stream; 4 was settled.
+        order.away("t", 5, now);
+        order.read(&(4..6));
+        assert_eq!(order.turn("t", 6, now), Err(Some(5)));
+        assert_eq!(order.arrived("u", 7), Arrival::Lane);
+        order.done("u", 7);
+        // A gap never read stops holding anything after the longest wait.
+        order.unread(8..9, now);
+        assert_eq!(order.arrived("u", 9), Arrival::Wait);
+        assert_eq!(order.turn("u", 9, now), Err(None));
+        assert_eq!(order.turn("u", 9, now + WAIT), Ok(()));
     }
 }

@@ -129,12 +129,21 @@ pub(crate) async fn serve(
     });
     // A session's replies go out in the order the runner published them, also when one of them
     // must wait for a stream leader: later replies of the session wait behind it.
-    let handler_ctx = ctx.clone();
+    let (handler_ctx, handler_stop) = (ctx.clone(), shutdown.clone());
     let mut in_order = InOrder::new(
         config.delivery.concurrency,
         move |(msg, outbound): (jetstream::Message, OutboundMessage)| {
-            let ctx = handler_ctx.clone();
-            async move { deliver_one(&ctx, msg, outbound).await }
+            let (ctx, stop) = (handler_ctx.clone(), handler_stop.clone());
+            async move {
+                let key = session_of(&outbound).to_owned();
+                // An earlier reply of the session handed back while this one queued behind it
+                // comes again into this lane, behind this one: this one waits for it outside.
+                if ctx.in_turn.still_first(&msg, &key) {
+                    deliver_one(&ctx, msg, outbound).await;
+                } else {
+                    wait_then_deliver(ctx, msg, outbound, key, stop);
+                }
+            }
         },
     );
     ready.set(true);

@@ -85,12 +85,19 @@ pub(crate) async fn serve(
     // Bounded: past `concurrency` sessions in flight the dispatcher waits, and the messages
     // queued behind a session's own are held by the consumer's `max_ack_pending`, so a slow
     // memory service pushes back instead of growing memory.
-    let route_ctx = ctx.clone();
+    let (route_ctx, route_stop) = (ctx.clone(), shutdown.clone());
     let mut routing = InOrder::new(config.router.concurrency, move |routed: Routed| {
-        let ctx = route_ctx.clone();
+        let (ctx, stop) = (route_ctx.clone(), route_stop.clone());
         async move {
-            let span = routed.span.clone();
-            route_one(&ctx, routed).instrument(span).await;
+            let key = routed.inbound.session_key.clone();
+            // An earlier message of the session handed back while this one queued behind it
+            // comes again into this lane, behind this one: this one waits for it outside.
+            if ctx.in_turn.still_first(&routed.msg, &key) {
+                let span = routed.span.clone();
+                route_one(&ctx, routed).instrument(span).await;
+            } else {
+                wait_then_route(ctx, routed, key, stop);
+            }
         }
     });
     if config.router.depth_interval_ms > 0 {
