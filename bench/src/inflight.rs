@@ -93,7 +93,7 @@ pub async fn run(options: &Options, run_dir: &Path) -> anyhow::Result<String> {
          stack before the load; runs in flight: the runner's `agentloop_runner_runs_in_flight`, \
          highest seen (sampled every 250 ms); RSS per session: the runner's highest RSS minus its \
          RSS before the load, over the sessions; fds: the runner's open descriptors, highest seen \
-         (one connection per model call on HTTP/1.1)\n\n{table}\n{end}\n",
+         (one connection per model call on HTTP/1.1){extra_env}\n\n{table}\n{end}\n",
         begin = SECTION.begin,
         end = SECTION.end,
         counts = commas(&options.inflight),
@@ -101,6 +101,15 @@ pub async fn run(options: &Options, run_dir: &Path) -> anyhow::Result<String> {
         date = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
         commit = crate::git_commit(),
         table = table(&rows),
+        extra_env = match std::env::var("BENCH_SERVICE_ENV") {
+            Ok(extra) if !extra.trim().is_empty() => {
+                format!(
+                    "; the services' environment adds `{}` (`BENCH_SERVICE_ENV`)",
+                    extra.trim()
+                )
+            }
+            _ => String::new(),
+        },
     ))
 }
 

@@ -161,8 +161,11 @@ impl Client {
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(config: &SlackConfig) -> Result<Self, reqwest::Error> {
+        // HTTP/1.1 as before reqwest's `http2` feature came in for model calls: a connection
+        // per send in flight, never sends queued behind one connection's stream limit.
         let http = reqwest::Client::builder()
             .timeout(Duration::from_millis(config.request_timeout_ms))
+            .http1_only()
             .build()?;
         Ok(Self {
             http,

@@ -139,8 +139,10 @@ impl Client {
     /// # Errors
     /// When the HTTP client cannot be built (no TLS roots).
     pub fn new(config: &TelegramConfig) -> Result<Self, reqwest::Error> {
+        // HTTP/1.1, as Slack's (`slack.rs`).
         let http = reqwest::Client::builder()
             .timeout(Duration::from_millis(config.request_timeout_ms))
+            .http1_only()
             .build()?;
         Ok(Self {
             http,

@@ -170,7 +170,11 @@ impl Client {
     /// When the HTTP client cannot be built.
     pub fn new(url: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(Self {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
+            // HTTP/1.1, as Slack's (`slack.rs`).
+            http: reqwest::Client::builder()
+                .timeout(timeout)
+                .http1_only()
+                .build()?,
             url: url.to_owned(),
             secret: secret.to_owned(),
         })

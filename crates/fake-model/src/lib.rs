@@ -262,10 +262,13 @@ pub async fn serve(
     state: FakeModelState,
     shutdown: CancellationToken,
 ) -> Result<(), FakeModelError> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(FakeModelError::Serve)
+    axum::serve(
+        listener,
+        router(state).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
+    .map_err(FakeModelError::Serve)
 }
 
 /// Returns the fake model's routes, for embedding in another axum server.
@@ -281,16 +284,43 @@ pub fn router(state: FakeModelState) -> Router {
         .with_state(state)
 }
 
+/// Who sent a request: the connection it came on (when the server knows it) and the HTTP
+/// version, so a test can tell how calls shared connections.
+struct Caller {
+    peer: Option<SocketAddr>,
+    version: axum::http::Version,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let peer = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+            .map(|info| info.0);
+        Ok(Self {
+            peer,
+            version: parts.version,
+        })
+    }
+}
+
 async fn openai_chat(
     State(state): State<FakeModelState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(&state, Protocol::OpenAi, headers, body).await
+    handle(&state, Protocol::OpenAi, &caller, headers, body).await
 }
 
 async fn openai_embeddings(
     State(state): State<FakeModelState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -299,7 +329,7 @@ async fn openai_embeddings(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let parsed = serde_json::from_slice::<embeddings::EmbeddingsRequest>(&body);
-    record(&state, "/v1/embeddings", &headers, &body);
+    record(&state, "/v1/embeddings", &caller, &headers, &body);
     if !is_authorized(state.api_key(), Protocol::OpenAi, &headers) {
         return openai::error(Failure::Auth, key);
     }
@@ -315,15 +345,17 @@ async fn openai_embeddings(
 
 async fn anthropic_messages(
     State(state): State<FakeModelState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(&state, Protocol::Anthropic, headers, body).await
+    handle(&state, Protocol::Anthropic, &caller, headers, body).await
 }
 
 async fn handle(
     state: &FakeModelState,
     protocol: Protocol,
+    caller: &Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -368,7 +400,7 @@ async fn handle(
         include_usage: request.is_some_and(request::Request::include_usage),
     };
     let stream = request.is_some_and(request::Request::stream);
-    record(state, path, &headers, &body);
+    record(state, path, caller, &headers, &body);
     let Some(plan) = plan else {
         return match (protocol, authorized) {
             (Protocol::OpenAi, false) => openai::error(Failure::Auth, key),
@@ -391,10 +423,12 @@ async fn handle(
 }
 
 /// Keeps the request for `/_fake/requests`, when recording; the body is parsed in full only then.
-fn record(state: &FakeModelState, path: &str, headers: &HeaderMap, body: &[u8]) {
+fn record(state: &FakeModelState, path: &str, caller: &Caller, headers: &HeaderMap, body: &[u8]) {
     if state.recording() {
         state.record(RecordedRequest {
             path: path.to_owned(),
+            peer: caller.peer.map(|peer| peer.to_string()),
+            http_version: format!("{:?}", caller.version),
             body: serde_json::from_slice(body).unwrap_or(Value::Null),
             headers: headers
                 .iter()

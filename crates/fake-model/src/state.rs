@@ -125,6 +125,12 @@ impl ScriptedReply {
 pub struct RecordedRequest {
     /// Request path, e.g. `/v1/chat/completions`.
     pub path: String,
+    /// The client's address and port: one per connection (none when embedded in a server
+    /// that does not say).
+    pub peer: Option<String>,
+    /// `HTTP/1.1` or `HTTP/2.0`.
+    #[serde(default)]
+    pub http_version: String,
     /// Parsed JSON body (`null` when the body was empty or not JSON).
     pub body: serde_json::Value,
     /// Request headers, names lowercase.

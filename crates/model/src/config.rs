@@ -20,6 +20,10 @@ pub struct ModelsConfig {
     pub request_timeout_ms: u64,
     /// Bounds establishing a connection.
     pub connect_timeout_ms: u64,
+    /// 0: model calls go over HTTP/1.1, a connection per call in flight. Above 0: over HTTP/2
+    /// (also on `http://`, by prior knowledge), at most this many calls sharing a connection;
+    /// keep it at or below the provider's limit on concurrent streams.
+    pub http2_streams: u32,
     /// Output token cap sent when a request sets none (Anthropic requires one).
     pub max_tokens: u32,
     /// Auth profiles (`[[models.profiles]]`): tried in order, a failing one cools down. With
@@ -68,6 +72,7 @@ impl Default for ModelsConfig {
             anthropic_api_key: None,
             request_timeout_ms: 120_000,
             connect_timeout_ms: 5_000,
+            http2_streams: 0,
             max_tokens: 4096,
             profiles: Vec::new(),
             fallbacks: Vec::new(),

@@ -47,7 +47,9 @@ impl ModelClient {
         let provider = Provider::OpenAi;
         let url = inner.embeddings_url.as_str();
         let body = serde_json::json!({ "model": model.model, "input": inputs });
-        let mut request = inner.http.post(inner.embeddings_url.clone()).json(&body);
+        // The slot is held until the answer is read.
+        let (http, _slot) = inner.connections.take()?;
+        let mut request = http.post(inner.embeddings_url.clone()).json(&body);
         if let Some(key) = inner.openai_api_key.as_ref() {
             request = request.bearer_auth(key.expose());
         }

@@ -7,6 +7,7 @@
 
 mod anthropic;
 mod config;
+mod connections;
 mod embeddings;
 mod error;
 mod model_ref;
@@ -40,7 +41,7 @@ pub struct ModelClient {
 
 #[derive(Debug)]
 struct Inner {
-    http: reqwest::Client,
+    connections: connections::Connections,
     default_model: ModelRef,
     // Parsed once: reqwest parses a URL given as text on every request.
     openai_url: reqwest::Url,
@@ -73,15 +74,13 @@ impl ModelClient {
             Some(base) => format!("{base}/v1/messages"),
             None => format!("{anthropic_base}/v1/messages"),
         };
-        // No overall reqwest timeout: it would cut long streams. Timeouts are applied per wait.
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(ModelError::Client)?;
+        let connections = connections::Connections::new(
+            Duration::from_millis(config.connect_timeout_ms),
+            config.http2_streams,
+        )?;
         Ok(Self {
             inner: Arc::new(Inner {
-                http,
+                connections,
                 default_model,
                 openai_url: endpoint(
                     "openai_base_url",
@@ -114,6 +113,7 @@ impl ModelClient {
     pub async fn stream(&self, req: &ChatRequest) -> Result<ModelStream, ModelError> {
         let inner = &*self.inner;
         let provider = req.model.provider;
+        let (http, slot) = inner.connections.take()?;
         let credential = req.credential.as_ref();
         let override_url = credential.and_then(|c| c.base_url.as_deref());
         let (url, request) = match provider {
@@ -122,7 +122,7 @@ impl ModelClient {
                 let body = openai::request_body(req, tools.as_deref(), None);
                 let custom = override_url
                     .map(|base| format!("{}/chat/completions", base.trim_end_matches('/')));
-                let (url, request) = inner.post(custom, &inner.openai_url);
+                let (url, request) = post(&http, custom, &inner.openai_url);
                 let mut request = request
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body);
@@ -140,7 +140,7 @@ impl ModelClient {
                     let base = base.trim_end_matches('/');
                     format!("{}/v1/messages", base.strip_suffix("/v1").unwrap_or(base))
                 });
-                let (url, request) = inner.post(custom, &inner.anthropic_url);
+                let (url, request) = post(&http, custom, &inner.anthropic_url);
                 let mut request = request
                     .header("anthropic-version", "2023-06-01")
                     .json(&body);
@@ -186,6 +186,7 @@ impl ModelClient {
             url.to_string(),
             response,
             inner.request_timeout,
+            slot,
         ))
     }
 
@@ -240,24 +241,19 @@ fn base_url(field: &str, url: &str) -> Result<String, ModelError> {
     Ok(url.to_owned())
 }
 
-impl Inner {
-    /// A POST to a profile's own endpoint when it has one, else to the configured `default`;
-    /// with the URL, for errors.
-    fn post<'a>(
-        &self,
-        custom: Option<String>,
-        default: &'a reqwest::Url,
-    ) -> (Cow<'a, str>, reqwest::RequestBuilder) {
-        match custom {
-            Some(url) => {
-                let request = self.http.post(&url);
-                (Cow::Owned(url), request)
-            }
-            None => (
-                Cow::Borrowed(default.as_str()),
-                self.http.post(default.clone()),
-            ),
+/// A POST on `http` to a profile's own endpoint when it has one, else to the configured
+/// `default`; with the URL, for errors.
+fn post<'a>(
+    http: &reqwest::Client,
+    custom: Option<String>,
+    default: &'a reqwest::Url,
+) -> (Cow<'a, str>, reqwest::RequestBuilder) {
+    match custom {
+        Some(url) => {
+            let request = http.post(&url);
+            (Cow::Owned(url), request)
         }
+        None => (Cow::Borrowed(default.as_str()), http.post(default.clone())),
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{FutureExt as _, Stream, StreamExt};
 
+use crate::connections::Slot;
 use crate::sse::{SseEvent, SseParser};
 use crate::types::StreamEvent;
 use crate::{ModelError, Provider, anthropic, openai};
@@ -58,6 +59,8 @@ pub struct ModelStream {
     error: Option<ModelError>,
     idle_timeout: Duration,
     finished: bool,
+    /// The call's place on its connection, given back with the stream.
+    _slot: Slot,
 }
 
 impl std::fmt::Debug for ModelStream {
@@ -75,6 +78,7 @@ impl ModelStream {
         url: String,
         response: reqwest::Response,
         idle_timeout: Duration,
+        slot: Slot,
     ) -> Self {
         Self {
             provider,
@@ -87,6 +91,7 @@ impl ModelStream {
             error: None,
             idle_timeout,
             finished: false,
+            _slot: slot,
         }
     }
 

@@ -240,3 +240,60 @@ fn models_config_has_laptop_defaults_and_accepts_partial_input() {
         .is_err()
     );
 }
+
+/// Sends `n` calls at once, each answered after 300 ms, and returns the connection (peer) and
+/// HTTP version the fake model saw for each, in the order it saw them.
+async fn calls_at_once(http2_streams: u32, n: usize) -> (Vec<String>, Vec<String>) {
+    let fake = FakeModel::start(FakeModelConfig::default())
+        .await
+        .expect("the fake model binds port 0");
+    let client = ModelClient::new(&ModelsConfig {
+        openai_base_url: fake.openai_base_url(),
+        openai_api_key: Some("sk-openai".into()),
+        http2_streams,
+        ..ModelsConfig::default()
+    })
+    .expect("the config is valid");
+    let calls = (0..n).map(|i| {
+        let (client, text) = (client.clone(), format!("call {i} [[delay_ms:300]]"));
+        async move {
+            let req = request("openai/gpt-4o-mini", vec![ChatMessage::user(text)]);
+            collect(&client, &req).await
+        }
+    });
+    for answered in futures::future::join_all(calls).await {
+        assert!(answered.is_ok(), "{answered:?}");
+    }
+    let seen = fake.requests();
+    let peers = seen
+        .iter()
+        .map(|r| r.peer.clone().expect("the fake model knows each caller"))
+        .collect();
+    let versions = seen.iter().map(|r| r.http_version.clone()).collect();
+    (peers, versions)
+}
+
+fn distinct(peers: &[String]) -> usize {
+    peers
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
+#[tokio::test]
+async fn over_http2_calls_share_connections_up_to_the_stream_limit_and_no_further() {
+    // Act: ten calls in flight at once, at most four on a connection
+    let (peers, versions) = calls_at_once(4, 10).await;
+
+    // Assert: HTTP/2 throughout, on three connections (4 + 4 + 2), none queued behind a full one
+    assert!(versions.iter().all(|v| v == "HTTP/2.0"), "{versions:?}");
+    assert_eq!(distinct(&peers), 3, "{peers:?}");
+}
+
+#[tokio::test]
+async fn by_default_each_call_in_flight_has_an_http1_connection_of_its_own() {
+    let (peers, versions) = calls_at_once(0, 10).await;
+
+    assert!(versions.iter().all(|v| v == "HTTP/1.1"), "{versions:?}");
+    assert_eq!(distinct(&peers), 10, "{peers:?}");
+}
