@@ -135,12 +135,12 @@ pub(crate) async fn serve(
         move |(msg, outbound): (jetstream::Message, OutboundMessage)| {
             let (ctx, stop) = (handler_ctx.clone(), handler_stop.clone());
             async move {
-                let key = session_of(&outbound).to_owned();
                 // An earlier reply of the session handed back while this one queued behind it
                 // comes again into this lane, behind this one: this one waits for it outside.
-                if ctx.in_turn.still_first(&msg, &key) {
+                if ctx.in_turn.still_first(&msg, session_of(&outbound)) {
                     deliver_one(&ctx, msg, outbound).await;
                 } else {
+                    let key = session_of(&outbound).to_owned();
                     wait_then_deliver(ctx, msg, outbound, key, stop);
                 }
             }

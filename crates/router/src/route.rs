@@ -89,13 +89,16 @@ pub(crate) async fn serve(
     let mut routing = InOrder::new(config.router.concurrency, move |routed: Routed| {
         let (ctx, stop) = (route_ctx.clone(), route_stop.clone());
         async move {
-            let key = routed.inbound.session_key.clone();
             // An earlier message of the session handed back while this one queued behind it
             // comes again into this lane, behind this one: this one waits for it outside.
-            if ctx.in_turn.still_first(&routed.msg, &key) {
+            if ctx
+                .in_turn
+                .still_first(&routed.msg, &routed.inbound.session_key)
+            {
                 let span = routed.span.clone();
                 route_one(&ctx, routed).instrument(span).await;
             } else {
+                let key = routed.inbound.session_key.clone();
                 wait_then_route(ctx, routed, key, stop);
             }
         }
