@@ -11,7 +11,7 @@ use tracing::Instrument as _;
 use agentloop_bus::DeadReason;
 
 use agentloop_proto::v1::{
-    ClaimSessionRequest, ControlMessage, EnqueueRequest, InboxRow, RunCommand, TakeNextResponse,
+    ClaimSessionRequest, ControlMessage, EnqueueRequest, InboxRow, RunCommand,
 };
 use agentloop_proto::{ControlAction, InboxKind, QueueMode};
 
@@ -127,9 +127,10 @@ async fn enqueue(replica: &Arc<Replica>, msg: jetstream::Message, command: RunCo
         let _ = replica.acks.send((msg, row));
     }
     if enqueued.claimed {
-        let first = enqueued
-            .taken
-            .map(|taken| (taken, request.history_after_seq));
+        let first = enqueued.taken.map(|next| owner::Taken {
+            next: Box::new(next),
+            after_seq: request.history_after_seq,
+        });
         start_owner(replica, &command.session_id, enqueued.epoch, first);
         return;
     }
@@ -144,12 +145,7 @@ async fn enqueue(replica: &Arc<Replica>, msg: jetstream::Message, command: RunCo
 }
 
 /// Starts the owner task of a session whose lease this replica just took.
-fn start_owner(
-    replica: &Arc<Replica>,
-    session_id: &str,
-    epoch: i64,
-    first: Option<(TakeNextResponse, i64)>,
-) {
+fn start_owner(replica: &Arc<Replica>, session_id: &str, epoch: i64, first: Option<owner::Taken>) {
     let signals = replica.adopt(session_id);
     replica.metrics.claims.inc();
     let task_replica = replica.clone();

@@ -24,7 +24,7 @@ pub(crate) async fn own(
     session_id: String,
     epoch: i64,
     signals: Arc<SessionSignals>,
-    first: Option<(TakeNextResponse, i64)>,
+    first: Option<Taken>,
 ) {
     let span = tracing::info_span!("own", session_id = %session_id, epoch);
     async {
@@ -43,13 +43,22 @@ pub(crate) async fn own(
     .await;
 }
 
+/// An input the claim already took, with the history it came with: boxed, because the owner's
+/// task holds room for it (and its copies) for as long as the session is owned.
+pub(crate) struct Taken {
+    /// What memory answered.
+    pub(crate) next: Box<TakeNextResponse>,
+    /// The history position the request asked from.
+    pub(crate) after_seq: i64,
+}
+
 async fn owner_loop(
     replica: &Arc<Replica>,
     session_id: &str,
     epoch: i64,
     lease_lost: &CancellationToken,
     signals: &Arc<SessionSignals>,
-    mut first: Option<(TakeNextResponse, i64)>,
+    mut first: Option<Taken>,
 ) {
     // Steps in a row that failed although each memory call already retried.
     let mut failures: u32 = 0;
@@ -69,7 +78,7 @@ async fn owner_loop(
         }
         // The claim may have taken the first input already.
         let (taken, after_seq) = match first.take() {
-            Some((taken, after_seq)) => (Ok(taken), after_seq),
+            Some(Taken { next, after_seq }) => (Ok(next), after_seq),
             None => {
                 let after_seq = replica.after_seq(session_id);
                 let request = TakeNextRequest {
@@ -81,99 +90,100 @@ async fn owner_loop(
                     history_after_seq: after_seq,
                 };
                 (
-                    Box::pin(replica.memory.take_next(&request)).await,
+                    Box::pin(replica.memory.take_next(&request))
+                        .await
+                        .map(Box::new),
                     after_seq,
                 )
             }
         };
         match taken {
-            Ok(next) => match (next.item, next.run) {
-                (Some(item), Some(run)) => {
-                    let Ok(_slot) = replica.run_slots.acquire().await else {
-                        return;
-                    };
-                    let history = match Box::pin(replica.window(
+            Ok(mut next) if next.item.is_some() && next.run.is_some() => {
+                let Ok(_slot) = replica.run_slots.acquire().await else {
+                    return;
+                };
+                let history = match Box::pin(replica.window(
+                    session_id,
+                    after_seq,
+                    std::mem::take(&mut next.history),
+                    next.history_is_delta,
+                ))
+                .await
+                {
+                    Ok(history) => history,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot read the session's history");
+                        if !pause(&mut failures).await {
+                            give_back(replica, session_id, epoch).await;
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                let (Some(item), Some(run)) = (next.item.take(), next.run.take()) else {
+                    unreachable!("checked above");
+                };
+                drop(next);
+                // Boxed: a run's future is large, and held inline it made this task's
+                // future large too, copied whole when the task is spawned (once per claim).
+                let run = Box::pin(run::execute(
+                    replica,
+                    run::Owner {
                         session_id,
-                        after_seq,
-                        next.history,
-                        next.history_is_delta,
-                    ))
-                    .await
-                    {
-                        Ok(history) => history,
-                        Err(err) => {
-                            tracing::warn!(error = %err, "cannot read the session's history");
-                            if !pause(&mut failures).await {
-                                give_back(replica, session_id, epoch).await;
-                                return;
-                            }
-                            continue;
-                        }
-                    };
-                    // Boxed: a run's future is large, and held inline it made this task's
-                    // future large too, copied whole when the task is spawned (once per claim).
-                    let run = Box::pin(run::execute(
-                        replica,
-                        run::Owner {
-                            session_id,
-                            epoch,
-                            lease_lost,
-                            signals,
-                        },
-                        item,
-                        run,
-                        history,
-                    ));
-                    let executed = tokio::select! {
-                        // Checked first: once the drain time is over the run is dropped where
-                        // it stands (every write so far is keyed and fenced, so nothing is
-                        // half-done) and its session resumes on another replica, instead of
-                        // being answered as aborted.
-                        biased;
-                        () = replica.abandon.cancelled() => return,
-                        executed = run => executed,
-                    };
-                    match executed {
-                        // The run's last write gave the lease back: nothing else was pending.
-                        Ok(true) => return,
-                        Ok(false) => failures = 0,
-                        Err(MemoryCallError::LeaseLost(reason)) => {
-                            tracing::warn!(
-                                reason,
-                                "lease lost during a run; its new owner resumes it"
-                            );
+                        epoch,
+                        lease_lost,
+                        signals,
+                    },
+                    item,
+                    run,
+                    history,
+                ));
+                let executed = tokio::select! {
+                    // Checked first: once the drain time is over the run is dropped where
+                    // it stands (every write so far is keyed and fenced, so nothing is
+                    // half-done) and its session resumes on another replica, instead of
+                    // being answered as aborted.
+                    biased;
+                    () = replica.abandon.cancelled() => return,
+                    executed = run => executed,
+                };
+                match executed {
+                    // The run's last write gave the lease back: nothing else was pending.
+                    Ok(true) => return,
+                    Ok(false) => failures = 0,
+                    Err(MemoryCallError::LeaseLost(reason)) => {
+                        tracing::warn!(reason, "lease lost during a run; its new owner resumes it");
+                        return;
+                    }
+                    Err(MemoryCallError::Refused(reason)) => {
+                        // Even setting the input aside was refused: trying again at once
+                        // would spin; the session goes back and the sweeper retries it.
+                        tracing::error!(
+                            reason,
+                            "run could not be finished, giving the session back"
+                        );
+                        hand_back(replica, session_id, epoch).await;
+                        return;
+                    }
+                    Err(err) => {
+                        // The next take retries the run (one more attempt, capped).
+                        tracing::warn!(error = %err, "run could not be recorded");
+                        if !pause(&mut failures).await {
+                            give_back(replica, session_id, epoch).await;
                             return;
-                        }
-                        Err(MemoryCallError::Refused(reason)) => {
-                            // Even setting the input aside was refused: trying again at once
-                            // would spin; the session goes back and the sweeper retries it.
-                            tracing::error!(
-                                reason,
-                                "run could not be finished, giving the session back"
-                            );
-                            hand_back(replica, session_id, epoch).await;
-                            return;
-                        }
-                        Err(err) => {
-                            // The next take retries the run (one more attempt, capped).
-                            tracing::warn!(error = %err, "run could not be recorded");
-                            if !pause(&mut failures).await {
-                                give_back(replica, session_id, epoch).await;
-                                return;
-                            }
                         }
                     }
                 }
-                _ => {
-                    // Empty inbox. Leave the owned set first so new input claims or wakes
-                    // correctly; a release refused because input just arrived takes it back.
-                    replica.forget(session_id, signals);
-                    match release(replica, session_id, epoch).await {
-                        Some(true) => return,
-                        Some(false) | None => replica.keep(session_id, signals),
-                    }
+            }
+            Ok(_) => {
+                // Empty inbox. Leave the owned set first so new input claims or wakes
+                // correctly; a release refused because input just arrived takes it back.
+                replica.forget(session_id, signals);
+                match release(replica, session_id, epoch).await {
+                    Some(true) => return,
+                    Some(false) | None => replica.keep(session_id, signals),
                 }
-            },
+            }
             Err(MemoryCallError::LeaseLost(reason)) => {
                 tracing::warn!(reason, "lease lost");
                 return;

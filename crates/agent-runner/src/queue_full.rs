@@ -54,7 +54,7 @@ pub(crate) async fn refuse(
     let run_id = agentloop_proto::run_id(&command.session_id, &command.idempotency_key);
     let error = user_error(cap);
     let events = RunEvents::new(
-        replica.bus.clone(),
+        &replica.bus,
         &run_id,
         &command.session_id,
         &command.session_key,

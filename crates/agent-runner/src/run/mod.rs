@@ -85,7 +85,7 @@ pub(crate) struct RunCtx<'a> {
     agent: Arc<AgentConfig>,
     model_name: String,
     signals: &'a Arc<SessionSignals>,
-    events: RunEvents,
+    events: RunEvents<'a>,
     /// What the `send_message` tool sent: the final reply must not say it again.
     sends: Arc<Mutex<Vec<SentMessage>>>,
     /// When this attempt started, for the run's end line.
@@ -140,88 +140,93 @@ enum Ended {
 }
 
 /// Runs one input; returns whether its last write gave the lease back.
-pub(crate) async fn execute(
-    replica: &Arc<Replica>,
-    owner: Owner<'_>,
+#[allow(clippy::manual_async_fn)] // on purpose: see the block below
+pub(crate) fn execute<'a>(
+    replica: &'a Arc<Replica>,
+    owner: Owner<'a>,
     item: InboxItem,
     run: Run,
     history: Window,
-) -> Result<bool, MemoryCallError> {
-    let command = match RunCommand::decode(item.payload.as_slice()) {
-        Ok(command) => command,
-        Err(err) => {
-            // Intake stored what it received; a corrupt row must still be consumed, not retried forever.
-            tracing::error!(error = %err, seq = item.seq, "inbox item is not a RunCommand, finishing it as an error");
-            let outcome = Outcome {
-                status: RunStatus::Error,
-                text: String::new(),
-                error: format!("inbox item is not a RunCommand: {err}"),
-                model: String::new(),
-                provider: String::new(),
-                profile: String::new(),
-                usage: Usage::default(),
-                turns: 0,
-                prompt_report: String::new(),
-            };
-            return Box::pin(finish(replica, owner, &run, &item, &outcome, Vec::new())).await;
-        }
-    };
-    // An unknown agent runs on the default config, under the key "" (see `batch::toolset`).
-    let (agent_key, agent) = match replica.agents.get_key_value(agent_id(&command)) {
-        Some((key, agent)) => (key.as_str(), agent.clone()),
-        None => ("", Arc::default()),
-    };
-    let model_name = if command.model.is_empty() {
-        replica.default_model().to_owned()
-    } else {
-        command.model.clone()
-    };
-    let span = tracing::info_span!("run", run_id = %run.id, session_key = %command.session_key, attempt = run.attempts, trace_id = tracing::field::Empty, span_id = tracing::field::Empty);
-    agentloop_telemetry::set_parent_from_map(&span, &command.metadata);
-    agentloop_telemetry::record_trace_ids(&span);
-    let ctx = RunCtx {
-        replica,
-        session_id: owner.session_id,
-        epoch: owner.epoch,
-        run: &run,
-        command: &command,
-        agent_key,
-        agent,
-        model_name,
-        signals: owner.signals,
-        events: RunEvents::new(
-            replica.bus.clone(),
-            &run.id,
-            owner.session_id,
-            &command.session_key,
-            replica.settings.tool_event_max_bytes,
-        ),
-        sends: Arc::default(),
-        started: std::time::Instant::now(),
-        tool_calls: std::sync::atomic::AtomicU32::new(0),
-    };
-    let mut state = RunState::default();
-    if let Some(why) = Why::exhausted(run.attempts) {
-        return Box::pin(
-            ctx.set_aside(owner, &mut state, &item, why)
-                .instrument(span),
-        )
-        .await;
-    }
-    let executed = ctx
-        .live(owner, &mut state, &item, history)
-        .instrument(span.clone())
-        .await;
-    match executed {
-        // Retrying a write memory refused for good would fail the same way forever.
-        Err(MemoryCallError::Refused(detail)) => {
-            Box::pin(
-                ctx.set_aside(owner, &mut state, &item, Why::Refused(detail))
+) -> impl Future<Output = Result<bool, MemoryCallError>> + 'a {
+    // A block, not an `async fn`: the future of an `async fn` stores its arguments twice (as
+    // arguments and as the locals they move into), and this one lives as long as the run.
+    async move {
+        let command = match RunCommand::decode(item.payload.as_slice()) {
+            Ok(command) => command,
+            Err(err) => {
+                // Intake stored what it received; a corrupt row must still be consumed, not retried forever.
+                tracing::error!(error = %err, seq = item.seq, "inbox item is not a RunCommand, finishing it as an error");
+                let outcome = Outcome {
+                    status: RunStatus::Error,
+                    text: String::new(),
+                    error: format!("inbox item is not a RunCommand: {err}"),
+                    model: String::new(),
+                    provider: String::new(),
+                    profile: String::new(),
+                    usage: Usage::default(),
+                    turns: 0,
+                    prompt_report: String::new(),
+                };
+                return Box::pin(finish(replica, owner, &run, &item, &outcome, Vec::new())).await;
+            }
+        };
+        // An unknown agent runs on the default config, under the key "" (see `batch::toolset`).
+        let (agent_key, agent) = match replica.agents.get_key_value(agent_id(&command)) {
+            Some((key, agent)) => (key.as_str(), agent.clone()),
+            None => ("", Arc::default()),
+        };
+        let model_name = if command.model.is_empty() {
+            replica.default_model().to_owned()
+        } else {
+            command.model.clone()
+        };
+        let span = tracing::info_span!("run", run_id = %run.id, session_key = %command.session_key, attempt = run.attempts, trace_id = tracing::field::Empty, span_id = tracing::field::Empty);
+        agentloop_telemetry::set_parent_from_map(&span, &command.metadata);
+        agentloop_telemetry::record_trace_ids(&span);
+        let ctx = RunCtx {
+            replica,
+            session_id: owner.session_id,
+            epoch: owner.epoch,
+            run: &run,
+            command: &command,
+            agent_key,
+            agent,
+            model_name,
+            signals: owner.signals,
+            events: RunEvents::new(
+                &replica.bus,
+                &run.id,
+                owner.session_id,
+                &command.session_key,
+                replica.settings.tool_event_max_bytes,
+            ),
+            sends: Arc::default(),
+            started: std::time::Instant::now(),
+            tool_calls: std::sync::atomic::AtomicU32::new(0),
+        };
+        let mut state = RunState::default();
+        if let Some(why) = Why::exhausted(run.attempts) {
+            return Box::pin(
+                ctx.set_aside(owner, &mut state, &item, why)
                     .instrument(span),
             )
-            .await
+            .await;
         }
-        other => other,
+        let executed = ctx
+            .live(owner, &mut state, &item, history)
+            .instrument(span.clone())
+            .await;
+        match executed {
+            // Retrying a write memory refused for good would fail the same way forever.
+            Err(MemoryCallError::Refused(detail)) => {
+                Box::pin(
+                    ctx.set_aside(owner, &mut state, &item, Why::Refused(detail))
+                        .instrument(span),
+                )
+                .await
+            }
+            other => other,
+        }
     }
 }
 
@@ -265,6 +270,22 @@ impl RunCtx<'_> {
             () = owner.lease_lost.cancelled() => Ended::LeaseLost,
         };
         self.signals.end_run();
+        // Boxed: what follows holds its own locals, which inline would add to the room this
+        // future keeps for the whole model wait.
+        Box::pin(self.conclude(owner, state, item, ended, timeout_ms)).await
+    }
+
+    /// Ends the run once its live part stopped: the outcome, the reply, the run's last write
+    /// and its end event.
+    async fn conclude(
+        &self,
+        owner: Owner<'_>,
+        state: &mut RunState,
+        item: &InboxItem,
+        ended: Ended,
+        timeout_ms: u64,
+    ) -> Result<bool, MemoryCallError> {
+        let replica = self.replica;
         let outcome = match ended {
             Ended::Finished(outcome) => outcome?,
             Ended::TimedOut => self.outcome(

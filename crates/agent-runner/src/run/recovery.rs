@@ -49,7 +49,8 @@ pub(super) struct Context<'m> {
     pub(crate) prior: usize,
     /// The transcript seq the prior messages reach up to.
     pub(crate) prior_through_seq: i64,
-    pub(crate) system: &'m str,
+    /// Lent to each request like the messages: a copy would be held for the whole model wait.
+    pub(crate) system: &'m mut String,
     /// The agent's tool specs, shared by every request of every run.
     pub(crate) tools: &'m std::sync::Arc<[ToolSpec]>,
     pub(crate) compactions: u32,
@@ -95,7 +96,7 @@ impl RunCtx<'_> {
                 }
             };
             if let Some(window) = config.context_windows.get(&model_name) {
-                let needed = prompt::estimate_request(cx.messages, cx.system, cx.tools)
+                let needed = prompt::estimate_request(cx.messages, cx.system.as_str(), cx.tools)
                     + self.agent.reserve_tokens;
                 if *window < needed {
                     tracing::warn!(model = %model_name, window, needed, "model skipped: its context window is too small");
@@ -117,7 +118,7 @@ impl RunCtx<'_> {
                 // whole history), and comes back for the next turn, retry or compaction.
                 let mut request = ChatRequest {
                     model: model.clone(),
-                    system: Some(cx.system.to_owned()),
+                    system: Some(std::mem::take(cx.system)),
                     messages: std::mem::take(cx.messages),
                     tools: cx.tools.clone(),
                     max_tokens: None,
@@ -126,6 +127,7 @@ impl RunCtx<'_> {
                 };
                 let streamed = self.stream_turn(&request, &mut state.usage).await;
                 *cx.messages = std::mem::take(&mut request.messages);
+                *cx.system = request.system.take().unwrap_or_default();
                 let err = match streamed {
                     Ok(answer) => {
                         if profile.tracked {
@@ -330,7 +332,10 @@ impl RunCtx<'_> {
         started: std::time::Instant,
         first_token: &mut Option<std::time::Duration>,
     ) -> Result<Answer, ModelError> {
-        let mut stream = self.replica.models.stream(request).await?;
+        // This future is held for the whole model wait of every run in flight, so only the
+        // chunk wait is inline: the call's start, each delta and each progress edit are awaited
+        // boxed (inline, the largest of them sized the run's future for its whole life).
+        let mut stream = Box::pin(self.replica.models.stream(request)).await?;
         let mut text = String::new();
         let mut calls = Vec::new();
         // What ended a burst, handled after the burst's delta went out (an error included, so
@@ -384,15 +389,17 @@ impl RunCtx<'_> {
                     }
                     // Per piece: a secret cut across two pieces is caught in the text so far
                     // (progress) and in the answer (turns.rs), not here.
-                    self.events
-                        .delta(&agentloop_scanner::redact::redact(&delta))
-                        .await;
+                    Box::pin(
+                        self.events
+                            .delta(&agentloop_scanner::redact::redact(&delta)),
+                    )
+                    .await;
                     text.push_str(&delta);
                     if let Some(every) = progress_every
                         && last_progress.elapsed() >= every
                     {
                         last_progress = tokio::time::Instant::now();
-                        self.progress(&text).await;
+                        Box::pin(self.progress(&text)).await;
                     }
                 }
                 StreamEvent::ToolCall(call) => calls.push(call),

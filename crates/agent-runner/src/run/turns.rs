@@ -88,7 +88,7 @@ pub(super) async fn converse(
         ctx.agent.instructions.as_str()
     };
     // A hook that gives the whole system prompt leaves no parts to report.
-    let (system, parts) = match begin.system_prompt {
+    let (mut system, parts) = match begin.system_prompt {
         Some(system) => (system, Vec::new()),
         None => {
             let query: Vec<&str> = start_inputs.iter().map(String::as_str).collect();
@@ -136,6 +136,8 @@ pub(super) async fn converse(
     } else {
         replica.settings.max_turns
     };
+    // Only the first turn's report needs the parts: they are let go before the model wait.
+    let mut unreported = Some(parts);
     let mut last_text = String::new();
     loop {
         if turn >= max_turns {
@@ -155,14 +157,14 @@ pub(super) async fn converse(
         state.turns = turn;
         let fitted = prompt::fit(&mut messages, &system, &specs, budget);
         prior = prior.saturating_sub(fitted.dropped);
-        if state.prompt_report.is_empty() {
+        if let Some(parts) = unreported.take() {
             state.prompt_report = context::report(&parts, &system, fitted);
         }
         let mut cx = Context {
             messages: &mut messages,
             prior,
             prior_through_seq: start.prior_through_seq,
-            system: &system,
+            system: &mut system,
             tools: &specs,
             compactions,
         };
