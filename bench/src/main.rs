@@ -183,7 +183,14 @@ async fn side_by_side(
         &client,
         &pool,
         &side_options,
-        sidebyside::SidePlan::default(),
+        sidebyside::SidePlan {
+            rounds: if options.rounds_given {
+                options.matrix_rounds
+            } else {
+                sidebyside::SidePlan::default().rounds
+            },
+            ..sidebyside::SidePlan::default()
+        },
     )
     .await?;
     side.commit = git_commit();

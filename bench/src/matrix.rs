@@ -397,7 +397,7 @@ fn heading(setup: Setup) -> String {
 }
 
 /// The median of `values` (the mean of the middle two for an even count); 0 for none.
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {

@@ -52,6 +52,8 @@ pub struct Options {
     /// `--rounds N` with `--matrix`: the four setups N times, interleaved; each cell the median
     /// of the rounds with their range.
     pub matrix_rounds: usize,
+    /// Whether `--rounds` was given (`--openclaw` has a default of its own).
+    pub rounds_given: bool,
     /// `--retrieval`: long-term memory search (recall@1, recall@5 on `bench/retrieval/`, latency
     /// at 100,000 memories) against the memory service alone, instead of the default phases.
     pub retrieval: bool,
@@ -72,7 +74,7 @@ pub struct Options {
 pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
-[--openclaw [--node PATH] [--openclaw-dir DIR]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http [--no-key]]] \
+[--openclaw [--node PATH] [--openclaw-dir DIR] [--rounds N]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http [--no-key]]] \
 [--matrix [--rounds N]] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]] [--replicated]
 
   --mode separate   each service in a process of its own (default)
@@ -87,6 +89,10 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
                     bench/RESULTS.md (under a minute; --quick: fewer messages); --rounds N runs
                     the four setups N times, interleaved, and shows each figure's median and
                     range, and how `all` compares with separate processes (for noisy machines)
+  --openclaw        agentloop and OpenClaw through the same POST /v1/chat/completions against
+                    the same fake model, one system loaded at a time; the sequential phase runs
+                    --rounds N times (default 3), alternating the two systems, and the ratio is
+                    the median of the rounds' ratios (the stack keeps --mode)
   --retrieval       long-term memory search: the memory service alone on a fresh database, the
                     facts of bench/retrieval/facts.jsonl saved for one user and each question
                     searched (recall@1, recall@5), then SearchMemories latency over gRPC at
@@ -135,6 +141,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_keyless: false,
         matrix: false,
         matrix_rounds: 1,
+        rounds_given: false,
         retrieval: false,
         inflight: Vec::new(),
         replicated: false,
@@ -173,6 +180,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
             "--matrix" => options.matrix = true,
             "--rounds" => {
                 options.matrix_rounds = value()?.parse().context("--rounds needs a count")?;
+                options.rounds_given = true;
             }
             "--retrieval" => options.retrieval = true,
             "--replicated" => options.replicated = true,
@@ -210,8 +218,9 @@ pub fn parse_args() -> anyhow::Result<Options> {
     if options.retrieval && setup_given {
         bail!("--retrieval starts the memory service alone: --mode and --inbound do not apply");
     }
-    if options.matrix_rounds == 0 || (options.matrix_rounds > 1 && !options.matrix) {
-        bail!("--rounds is a count of at least 1, for --matrix");
+    if options.matrix_rounds == 0 || (options.rounds_given && !(options.matrix || options.openclaw))
+    {
+        bail!("--rounds is a count of at least 1, for --matrix or --openclaw");
     }
     if options.matrix && setup_given {
         bail!("--matrix runs every --mode and --inbound itself: leave both out");

@@ -10,6 +10,7 @@ use sqlx::PgPool;
 
 use crate::api::{ChatApi, contains_word};
 use crate::client::LoadClient;
+use crate::matrix::median;
 use crate::openclaw::{OpenClaw, OpenClawConfig, TOKEN};
 use crate::phases::{self, Load, PhaseResult, STACK_GROUPS, Via};
 use crate::procfs::{self, CpuSnapshot};
@@ -39,6 +40,9 @@ pub struct SidePlan {
     pub sessions: usize,
     /// Messages per session in the throughput phase.
     pub per_session: usize,
+    /// Sequential phases per system, alternating between the two: a machine whose speed drifts
+    /// over minutes moves both systems' figures of a round alike.
+    pub rounds: usize,
 }
 
 impl Default for SidePlan {
@@ -48,6 +52,7 @@ impl Default for SidePlan {
             seq: 200,
             sessions: 10,
             per_session: 6,
+            rounds: 3,
         }
     }
 }
@@ -61,8 +66,10 @@ pub struct SystemResult {
     pub start_what: String,
     /// The warm-up phase (its first message is the first after start).
     pub warm: PhaseResult,
-    /// Sequential, one session.
+    /// Sequential, one session (the first round).
     pub seq: PhaseResult,
+    /// The sequential phases of the later rounds.
+    pub more_seq: Vec<PhaseResult>,
     /// Concurrent sessions.
     pub tp: PhaseResult,
     /// CPU groups that count as the system.
@@ -94,6 +101,11 @@ pub struct SideBySide {
     pub agentloop: SystemResult,
     /// OpenClaw.
     pub openclaw: SystemResult,
+    /// What agentloop's services ran as (`5 services` or `` `agentloop all` ``).
+    pub services: &'static str,
+    /// CPU-ms the idle OpenClaw process tree used during agentloop's later rounds, and those
+    /// rounds' wall time.
+    pub openclaw_idle: (f64, Duration),
 }
 
 /// Where OpenClaw is installed.
@@ -197,6 +209,30 @@ async fn measured(
     Ok(result)
 }
 
+/// Waits until the processes `pids` use under 2 % of a core over a second, or 30 s at most.
+async fn quiet(pids: &[(u32, String)], tck: u64) {
+    for _ in 0..30 {
+        let before = CpuSnapshot::take(pids);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ticks: u64 = CpuSnapshot::take(pids).delta_since(&before).values().sum();
+        if (ticks as f64) / (tck as f64) < 0.02 {
+            return;
+        }
+    }
+    eprintln!("[bench] OpenClaw still busy after 30 s; loading agentloop anyway");
+}
+
+/// How long one phase may take at most.
+const PHASE_LIMIT: Duration = Duration::from_secs(90);
+
+/// What the services of `mode` are called in the report.
+fn services(mode: crate::setup::StackMode) -> &'static str {
+    match mode {
+        crate::setup::StackMode::Separate => "5 services",
+        crate::setup::StackMode::All => "`agentloop all`",
+    }
+}
+
 async fn load_system(
     stack: &Stack,
     client: &LoadClient,
@@ -206,7 +242,7 @@ async fn load_system(
     plan: SidePlan,
     out: &mut SystemResult,
 ) -> anyhow::Result<()> {
-    let limit = Duration::from_secs(90);
+    let limit = PHASE_LIMIT;
     out.warm = measured(
         stack,
         client,
@@ -277,22 +313,24 @@ pub async fn run(
 
     // agentloop first (OpenClaw is not running yet, so it does not compete for the 2 cores).
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let services = services(stack.mode());
+    report.services = services;
     let al = &mut report.agentloop;
     al.start_to_ready = stack_start;
-    al.start_what = "nats-server, fake model, 5 services".to_owned();
+    al.start_what = format!("nats-server, fake model, {services}");
     al.groups = STACK_GROUPS.iter().map(|g| (*g).to_owned()).collect();
-    al.rss_what = "5 services + nats-server (Postgres shared, not counted)".to_owned();
+    al.rss_what = format!("{services} + nats-server (Postgres shared, not counted)");
     al.rss_idle = agentloop_rss(stack);
     // No Idempotency-Key, as the official OpenAI clients send and as OpenClaw gets: the tags in
     // the model's recorded requests show that each message reached it.
-    let api = ChatApi::new(&format!("http://{gateway}"), None, "agentloop", false, true)?;
+    let al_api = ChatApi::new(&format!("http://{gateway}"), None, "agentloop", false, true)?;
     eprintln!("[bench] agentloop through POST /v1/chat/completions");
     load_system(
         stack,
         client,
         &Target::Agentloop(pool),
         "al",
-        &api,
+        &al_api,
         plan,
         al,
     )
@@ -341,6 +379,41 @@ pub async fn run(
         )
         .await?;
         oc.rss_after = openclaw.rss_kib();
+        // The later rounds: each system's sequential phase again, one after the other.
+        let (mut idle_ticks, mut idle_wall) = (0, Duration::ZERO);
+        for round in 2..=plan.rounds {
+            // OpenClaw alone, without the fake model both systems share.
+            let oc_pids: Vec<(u32, String)> = openclaw_pids(stack, &openclaw)
+                .into_iter()
+                .filter(|(_, group)| group == "openclaw")
+                .collect();
+            // OpenClaw keeps working for a while after its last answer: agentloop's round waits
+            // until it is done, so the two do not share the cores.
+            quiet(&oc_pids, report.tck).await;
+            let before = CpuSnapshot::take(&oc_pids);
+            let phase = measured(
+                stack,
+                client,
+                &Target::Agentloop(pool),
+                &load(&format!("alseq{round}"), 1, plan.seq, &al_api, PHASE_LIMIT),
+            )
+            .await?;
+            idle_ticks += CpuSnapshot::take(&oc_pids)
+                .delta_since(&before)
+                .values()
+                .sum::<u64>();
+            idle_wall += phase.elapsed;
+            report.agentloop.more_seq.push(phase);
+            let phase = measured(
+                stack,
+                client,
+                &Target::OpenClaw(&openclaw),
+                &load(&format!("ocseq{round}"), 1, plan.seq, &api, PHASE_LIMIT),
+            )
+            .await?;
+            report.openclaw.more_seq.push(phase);
+        }
+        report.openclaw_idle = (idle_ticks as f64 * 1000.0 / report.tck as f64, idle_wall);
         anyhow::Ok(())
     }
     .await;
@@ -376,9 +449,36 @@ impl SystemResult {
     }
 
     fn sent_ok(&self) -> (u64, u64) {
-        [&self.warm, &self.seq, &self.tp]
+        let seq = self.all_seq();
+        [&self.warm, &seq, &self.tp]
             .iter()
             .fold((0, 0), |(s, o), p| (s + p.sent, o + p.ok))
+    }
+
+    /// Every round's sequential phase as one: their messages, replies and CPU together.
+    fn all_seq(&self) -> PhaseResult {
+        let mut all = self.seq.clone();
+        for p in &self.more_seq {
+            all.sent += p.sent;
+            all.ok += p.ok;
+            all.wrong += p.wrong;
+            all.lost += p.lost;
+            all.elapsed += p.elapsed;
+            all.totals.extend_from_slice(&p.totals);
+            all.persisted = Some(all.persisted.unwrap_or(0) + p.persisted.unwrap_or(0));
+            for (group, ticks) in &p.cpu_ticks {
+                *all.cpu_ticks.entry(group.clone()).or_default() += ticks;
+            }
+        }
+        all
+    }
+
+    /// Each round's sequential p50, ms.
+    fn seq_p50s(&self) -> Vec<f64> {
+        std::iter::once(&self.seq)
+            .chain(&self.more_seq)
+            .map(|p| pct(&p.totals).p50)
+            .collect()
     }
 }
 
@@ -450,17 +550,26 @@ impl SideBySide {
                 ratio(o, a)
             );
         }
-        let (sa, so) = (pct(&al.seq.totals), pct(&oc.seq.totals));
+        let (al_seq, oc_seq) = (al.all_seq(), oc.all_seq());
+        let (sa, so) = (pct(&al_seq.totals), pct(&oc_seq.totals));
+        let (pa, po) = (al.seq_p50s(), oc.seq_p50s());
+        let rounds = pa.len().min(po.len());
+        let ratios: Vec<f64> = (0..rounds).map(|i| po[i] / pa[i]).collect();
         let _ = writeln!(
             s,
-            "| sequential, 1 session, p50 | {:.2} ms | {:.0} ms | {} |",
-            sa.p50,
-            so.p50,
-            ratio(so.p50, sa.p50)
+            "| sequential, 1 session, p50{} | {:.2} ms | {:.0} ms | {} |",
+            if rounds > 1 {
+                format!(" (median of {rounds} rounds; ratio: the median of the rounds' ratios)")
+            } else {
+                String::new()
+            },
+            median(&pa),
+            median(&po),
+            ratio(median(&ratios), 1.0)
         );
         let _ = writeln!(
             s,
-            "| sequential, 1 session, p90 / p99 / max | {:.2} / {:.2} / {:.2} ms | {:.0} / {:.0} / {:.0} ms | {} (p99) |",
+            "| sequential, 1 session, p90 / p99 / max (every round's messages) | {:.2} / {:.2} / {:.2} ms | {:.0} / {:.0} / {:.0} ms | {} (p99) |",
             sa.p90,
             sa.p99,
             sa.max,
@@ -489,7 +598,7 @@ impl SideBySide {
             ratio(to.p50, ta.p50)
         );
         for (label, pa, po) in [
-            ("sequential", &al.seq, &oc.seq),
+            ("sequential", &al_seq, &oc_seq),
             (
                 &*format!("{} sessions at once", plan.sessions),
                 &al.tp,
@@ -499,7 +608,8 @@ impl SideBySide {
             let (ca, co) = (al.cpu_ms(pa, self.tck), oc.cpu_ms(po, self.tck));
             let _ = writeln!(
                 s,
-                "| CPU-ms per message, {label} | {ca:.2} (5 services, nats-server, Postgres) | {co:.0} (gateway process tree) | {} |",
+                "| CPU-ms per message, {label} | {ca:.2} ({}, nats-server, Postgres) | {co:.0} (gateway process tree) | {} |",
+                self.services,
                 ratio(co, ca)
             );
         }
@@ -531,14 +641,14 @@ impl SideBySide {
             ratio(oc.rss_after as f64, al.rss_after as f64)
         );
         let ((sa_, oa), (so_, oo)) = (al.sent_ok(), oc.sent_ok());
-        let wrong_lost = |r: &SystemResult| {
-            [&r.warm, &r.seq, &r.tp]
+        let wrong_lost = |r: &SystemResult, seq: &PhaseResult| {
+            [&r.warm, seq, &r.tp]
                 .iter()
                 .fold((0, 0), |(w, l), p| (w + p.wrong, l + p.lost))
         };
-        let ((wa, la), (wo, lo)) = (wrong_lost(al), wrong_lost(oc));
-        let seen = |r: &SystemResult| {
-            [&r.warm, &r.seq, &r.tp]
+        let ((wa, la), (wo, lo)) = (wrong_lost(al, &al_seq), wrong_lost(oc, &oc_seq));
+        let seen = |r: &SystemResult, seq: &PhaseResult| {
+            [&r.warm, seq, &r.tp]
                 .iter()
                 .map(|p| p.persisted.unwrap_or(0))
                 .sum::<i64>()
@@ -550,15 +660,51 @@ impl SideBySide {
         let _ = writeln!(
             s,
             "| requests whose tag reached the fake model | {} / {sa_} | {} / {so_} | — |\n",
-            seen(al),
-            seen(oc)
+            seen(al, &al_seq),
+            seen(oc, &oc_seq)
         );
+        if rounds > 1 {
+            let _ = writeln!(
+                s,
+                "The sequential phase, round by round (agentloop's, then OpenClaw's; OpenClaw's \
+                 warm-up and 10-session phase come after its first round):\n"
+            );
+            let _ = writeln!(
+                s,
+                "| round | agentloop p50 | OpenClaw p50 | OpenClaw ÷ agentloop |"
+            );
+            let _ = writeln!(s, "|---|---|---|---|");
+            for i in 0..rounds {
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.2} ms | {:.0} ms | {} |",
+                    i + 1,
+                    pa[i],
+                    po[i],
+                    ratio(ratios[i], 1.0)
+                );
+            }
+            let (idle_ms, idle_wall) = self.openclaw_idle;
+            let _ = writeln!(
+                s,
+                "\nFrom the second round on OpenClaw stays up, idle, while agentloop is loaded; \
+                 each of agentloop's later rounds starts once OpenClaw's process tree uses under 2 % \
+                 of a core over a second (30 s at most). In those rounds the idle tree used \
+                 {idle_ms:.0} CPU-ms in {:.1} s ({:.3} cores).\n",
+                idle_wall.as_secs_f64(),
+                if idle_wall.is_zero() {
+                    0.0
+                } else {
+                    idle_ms / 1000.0 / idle_wall.as_secs_f64()
+                }
+            );
+        }
         let _ = writeln!(
             s,
             "Measured: latency from just before the HTTP request to the parsed JSON answer, by the \
              bench client (Rust, reqwest, keep-alive connections, same host). CPU: utime+stime deltas from \
              `/proc` over each phase, divided by the replies with the right tag; agentloop counts its \
-             5 services, nats-server and Postgres (bench database backends and background writers; an \
+             services, nats-server and Postgres (bench database backends and background writers; an \
              upper bound), OpenClaw its gateway process and every process below it. The fake model and \
              the bench client are not counted in either (the fake model row shows what each system's \
              requests cost it: OpenClaw sends a ~50 KB system prompt and its tool list). RSS: VmRSS sums; \
