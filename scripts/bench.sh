@@ -20,10 +20,10 @@
 #   published at once, queue mode followup; runs/s from first publish to last reply, lost
 #   replies and persisted runs); one table, which replaces its own section of bench/RESULTS.md
 #   (under a minute; --quick fewer messages)
-#        ./scripts/bench.sh --openclaw [--no-write | --out PATH] [--keep-logs]
+#        ./scripts/bench.sh --openclaw [--rounds N] [--no-write | --out PATH] [--keep-logs]
 #   --openclaw: side by side with OpenClaw 2026.9.6 through the same OpenAI-compatible
-#   POST /v1/chat/completions and the same fake model process (about 2 minutes after the
-#   install). Installs Node 24 and OpenClaw with npm into .bench-peers/ (reused when present;
+#   POST /v1/chat/completions and the same fake model process (about 3.5 minutes after the
+#   install); the sequential phase runs in N rounds (default 3) alternating the two systems. Installs Node 24 and OpenClaw with npm into .bench-peers/ (reused when present;
 #   BENCH_PEERS_DIR overrides) and replaces its own section of bench/RESULTS.md.
 #        ./scripts/bench.sh --retrieval [--quick] [--no-write | --out PATH] [--keep-logs]
 #   --retrieval: long-term memory search against the memory service alone: recall@1 and

@@ -23,6 +23,7 @@ mod retrieval_report;
 mod section;
 mod setup;
 mod sidebyside;
+mod sidebyside_report;
 mod stack;
 
 use std::sync::{Arc, Mutex};
