@@ -184,6 +184,21 @@ impl OpenClaw {
             .sum()
     }
 
+    /// Freezes its process tree (SIGSTOP): idle, its timers and collector still take a tenth
+    /// to a fifth of a core, which the other system's phase should not share.
+    pub fn pause(&self) {
+        for pid in self.tree() {
+            signal("-STOP", &pid.to_string());
+        }
+    }
+
+    /// Lets a frozen tree run again (SIGCONT).
+    pub fn resume(&self) {
+        for pid in self.tree() {
+            signal("-CONT", &pid.to_string());
+        }
+    }
+
     /// The last lines of its output.
     pub fn tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -197,6 +212,8 @@ impl OpenClaw {
             return;
         }
         let tree = self.tree();
+        // A frozen tree would not act on the TERM.
+        self.resume();
         signal("-TERM", &self.pid.to_string());
         if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
             .await

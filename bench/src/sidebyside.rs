@@ -385,9 +385,11 @@ pub async fn run(
                 .into_iter()
                 .filter(|(_, group)| group == "openclaw")
                 .collect();
-            // OpenClaw keeps working for a while after its last answer: agentloop's round waits
-            // until it is done, so the two do not share the cores.
+            // OpenClaw keeps working for a while after its last answer, and idle its timers
+            // still wake it: agentloop's round waits until it is done, then OpenClaw is frozen
+            // until the round is over, so the two never share the cores.
             quiet(&oc_pids, report.tck).await;
+            openclaw.pause();
             let before = CpuSnapshot::take(&oc_pids);
             let phase = measured(
                 stack,
@@ -395,13 +397,17 @@ pub async fn run(
                 &Target::Agentloop(pool),
                 &load(&format!("alseq{round}"), 1, plan.seq, &al_api, PHASE_LIMIT),
             )
-            .await?;
+            .await;
             idle_ticks += CpuSnapshot::take(&oc_pids)
                 .delta_since(&before)
                 .values()
                 .sum::<u64>();
+            openclaw.resume();
+            let phase = phase?;
             idle_wall += phase.elapsed;
             report.agentloop.more_seq.push(phase);
+            // What its timers missed while frozen runs before its own round.
+            quiet(&oc_pids, report.tck).await;
             let phase = measured(
                 stack,
                 client,

@@ -268,10 +268,12 @@ impl SideBySide {
             let (idle_ms, idle_wall) = self.openclaw_idle;
             let _ = writeln!(
                 s,
-                "\nFrom the second round on OpenClaw stays up, idle, while agentloop is loaded; \
-                 each of agentloop's later rounds starts once OpenClaw's process tree uses under 2 % \
-                 of a core over a second (30 s at most). In those rounds the idle tree used \
-                 {idle_ms:.0} CPU-ms in {:.1} s ({:.3} cores).\n",
+                "\nFrom the second round on OpenClaw stays up between its phases. Each of \
+                 agentloop's later rounds starts once OpenClaw's process tree uses under 2 % of a \
+                 core over a second (30 s at most), and the tree is frozen (SIGSTOP) until the \
+                 round is over (SIGCONT; idle it otherwise takes 0.06-0.2 cores); OpenClaw's own \
+                 round waits for it to go quiet again. In agentloop's later rounds the frozen \
+                 tree used {idle_ms:.0} CPU-ms in {:.1} s ({:.3} cores).\n",
                 idle_wall.as_secs_f64(),
                 if idle_wall.is_zero() {
                     0.0
