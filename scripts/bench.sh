@@ -6,8 +6,9 @@
 #
 # Usage: ./scripts/bench.sh [--quick] [--no-write | --out PATH] [--keep-logs]
 #          [--mode separate|all] [--inbound proto|json]
-#        ./scripts/bench.sh --soak N [--sessions S] [--runners R] [--trace] [--http]   (S sessions, default 100,
-#          × N messages only, on R runner processes, default 1; a short summary printed)
+#        ./scripts/bench.sh --soak N [--sessions S] [--runners R] [--trace | --http]   (S sessions, default 100,
+#          × N messages only, on R runner processes, default 1; a short summary printed;
+#          --trace times each hop of the bus path, so not with --http)
 #   --mode all: the five services in one `agentloop all` process instead of five (default
 #   separate; no runner scaling phase, --runners refused). --inbound json: the load client
 #   publishes its InboundMessages as JSON with Content-Type: application/json, as the NATS CLI

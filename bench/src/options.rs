@@ -74,7 +74,7 @@ pub struct Options {
 pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
-[--openclaw [--node PATH] [--openclaw-dir DIR] [--rounds N]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace] [--http [--no-key]]] \
+[--openclaw [--node PATH] [--openclaw-dir DIR] [--rounds N]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace | --http [--no-key]]] \
 [--matrix [--rounds N]] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]] [--replicated]
 
   --mode separate   each service in a process of its own (default)
@@ -224,6 +224,11 @@ pub fn parse_args() -> anyhow::Result<Options> {
     }
     if options.matrix && setup_given {
         bail!("--matrix runs every --mode and --inbound itself: leave both out");
+    }
+    if options.soak_trace && (options.soak.is_none() || options.soak_http) {
+        // The hops are timed from the bench's own publish on the bus, which an HTTP request
+        // does not make: the table would be empty.
+        bail!("--trace times the bus path of --soak: not with --http, and only with --soak");
     }
     if options.soak_keyless && !options.soak_http {
         bail!("--no-key changes the requests of --http: give both");
