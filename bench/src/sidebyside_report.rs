@@ -103,8 +103,19 @@ impl SideBySide {
         let _ = writeln!(
             s,
             "- load per system: {} warm-up messages (not in the figures), {} sequential messages in one \
-             session, then {} sessions at once × {} messages each (closed loop)\n",
-            plan.warm, plan.seq, plan.sessions, plan.per_session
+             session, then {} sessions at once × {} messages each (closed loop){}\n",
+            plan.warm,
+            plan.seq,
+            plan.sessions,
+            plan.per_session,
+            if plan.rounds > 1 {
+                format!(
+                    "; then the sequential phase {} more times, the two systems in turn",
+                    plan.rounds - 1
+                )
+            } else {
+                String::new()
+            }
         );
         let _ = writeln!(
             s,
