@@ -185,11 +185,9 @@ async fn side_by_side(
         &pool,
         &side_options,
         sidebyside::SidePlan {
-            rounds: if options.rounds_given {
-                options.matrix_rounds
-            } else {
-                sidebyside::SidePlan::default().rounds
-            },
+            rounds: options
+                .rounds
+                .unwrap_or(sidebyside::SidePlan::default().rounds),
             ..sidebyside::SidePlan::default()
         },
     )

@@ -117,7 +117,7 @@ pub struct Matrix {
 pub async fn run(options: &Options, run_dir: &Path, commit: String) -> anyhow::Result<Matrix> {
     let plan = Plan::new(options.quick);
     let mut columns: Vec<Vec<Column>> = vec![Vec::new(); SETUPS.len()];
-    let rounds = options.matrix_rounds.max(1);
+    let rounds = options.rounds.unwrap_or(1);
     for (round, (i, (mode, inbound))) in
         (0..rounds).flat_map(|round| SETUPS.into_iter().enumerate().map(move |s| (round, s)))
     {

@@ -49,11 +49,10 @@ pub struct Options {
     /// `--matrix`: the four setups ({separate, all} × {proto, json}) side by side, closed loop
     /// and burst, instead of the default phases.
     pub matrix: bool,
-    /// `--rounds N` with `--matrix`: the four setups N times, interleaved; each cell the median
-    /// of the rounds with their range.
-    pub matrix_rounds: usize,
-    /// Whether `--rounds` was given (`--openclaw` has a default of its own).
-    pub rounds_given: bool,
+    /// `--rounds N`: with `--matrix` the four setups N times, interleaved (each cell the median
+    /// of the rounds with their range; 1 when not given); with `--openclaw` the sequential
+    /// phase N times per system (3 when not given).
+    pub rounds: Option<usize>,
     /// `--retrieval`: long-term memory search (recall@1, recall@5 on `bench/retrieval/`, latency
     /// at 100,000 memories) against the memory service alone, instead of the default phases.
     pub retrieval: bool,
@@ -140,8 +139,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_http: false,
         soak_keyless: false,
         matrix: false,
-        matrix_rounds: 1,
-        rounds_given: false,
+        rounds: None,
         retrieval: false,
         inflight: Vec::new(),
         replicated: false,
@@ -179,8 +177,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
             "--no-key" => options.soak_keyless = true,
             "--matrix" => options.matrix = true,
             "--rounds" => {
-                options.matrix_rounds = value()?.parse().context("--rounds needs a count")?;
-                options.rounds_given = true;
+                options.rounds = Some(value()?.parse().context("--rounds needs a count")?);
             }
             "--retrieval" => options.retrieval = true,
             "--replicated" => options.replicated = true,
@@ -218,7 +215,9 @@ pub fn parse_args() -> anyhow::Result<Options> {
     if options.retrieval && setup_given {
         bail!("--retrieval starts the memory service alone: --mode and --inbound do not apply");
     }
-    if options.matrix_rounds == 0 || (options.rounds_given && !(options.matrix || options.openclaw))
+    if options
+        .rounds
+        .is_some_and(|n| n == 0 || !(options.matrix || options.openclaw))
     {
         bail!("--rounds is a count of at least 1, for --matrix or --openclaw");
     }
