@@ -232,6 +232,45 @@ async fn a_reply_handed_back_goes_out_before_the_later_ones_queued_behind_it() {
     delivery.shutdown().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_later_reply_handed_out_again_first_still_waits_for_the_earlier_one() {
+    // Arrange: a replica pulls both replies of session s and its connection dies with them.
+    // The later one is handed out again first: the earlier one was sent back with a delay
+    // (after a partition the redeliveries come in the order their ack waits ran out, and no
+    // new reply reveals the gap)
+    let Stream {
+        nats,
+        bus,
+        consumer,
+        js,
+    } = Stream::open(StreamKind::Outbound, "delivery", 1_000).await;
+    let prefix = bus.prefix.clone();
+    let mut replies = delivered(&nats, &prefix).await;
+    store_reply(&js, &prefix, SESSION_S, "s0").await;
+    store_reply(&js, &prefix, SESSION_S, "s1").await;
+    let mut held = pull_and_hold(&consumer, 2).await;
+    let s0 = held.remove(0);
+    s0.ack_with(jetstream::AckKind::Nak(Some(Duration::from_secs(3))))
+        .await
+        .unwrap();
+    drop(held);
+    // s1's ack wait runs out; s0's delay does not yet.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+
+    // Act: delivery starts, and the first reply it is handed is s1 again
+    let (delivery, _admin) = start_delivery(bus.clone()).await;
+
+    // Assert: s0 first, then s1
+    let first = next_text(&mut replies).await;
+    let second = next_text(&mut replies).await;
+    assert_eq!(
+        [first.1.as_str(), second.1.as_str()],
+        ["s0", "s1"],
+        "the redelivered later reply went ahead of the earlier one"
+    );
+    delivery.shutdown().await.unwrap();
+}
+
 /// Pulls `n` messages of `consumer` and holds them unacked, as a replica whose connection then
 /// died would.
 async fn pull_and_hold(consumer: &PullConsumer, n: usize) -> Vec<jetstream::Message> {

@@ -60,6 +60,14 @@ impl<T: Send + 'static> Arrivals<T> {
     /// Takes in `msg` of `key`: its gap is noted now and read meanwhile.
     pub fn push(&mut self, msg: jetstream::Message, key: String, item: T) {
         let noted = self.in_turn.note(&msg);
+        // Which deliveries revealed which gaps: what tells, after a partition, why a message
+        // went ahead of an earlier one or waited for it.
+        tracing::debug!(
+            key = %key,
+            noted = ?noted,
+            delivered = msg.info().map(|i| i.delivered).unwrap_or_default(),
+            "message taken in"
+        );
         let arrived = Arrived {
             msg,
             key,
@@ -71,6 +79,7 @@ impl<T: Send + 'static> Arrivals<T> {
             None => self.placed.push_back(arrived),
             Some((seq, None)) if self.reading.is_empty() => {
                 let arrival = self.in_turn.place(&arrived.key, seq);
+                tracing::debug!(key = %arrived.key, seq, arrival = ?arrival, "placed");
                 self.placed.push_back(Arrived { arrival, ..arrived });
             }
             Some((seq, gap)) => {
@@ -94,6 +103,7 @@ impl<T: Send + 'static> Arrivals<T> {
         match self.reading.next().await {
             Some((arrived, seq)) => {
                 let arrival = self.in_turn.place(&arrived.key, seq);
+                tracing::debug!(key = %arrived.key, seq, arrival = ?arrival, "placed after its gap");
                 Arrived { arrival, ..arrived }
             }
             None => std::future::pending().await,

@@ -90,7 +90,7 @@ impl InTurn {
             return None;
         };
         let seq = info.stream_sequence;
-        let gap = lock(&self.order).gap(seq, info.delivered == 1);
+        let gap = lock(&self.order).gap(seq);
         self.sweep(stream);
         Some((seq, gap))
     }
@@ -175,7 +175,11 @@ impl InTurn {
         stream: &jetstream::stream::Stream<()>,
         seq: u64,
     ) -> Option<StreamMessage> {
-        self.until_answered(|| stream.get_raw_message(seq)).await
+        let found = self.until_answered(|| stream.get_raw_message(seq)).await;
+        if found.is_none() {
+            tracing::debug!(seq, "not in the stream: settled");
+        }
+        found
     }
 
     /// Reads the messages of `gap` in order, each read skipping the settled ones before it.
@@ -227,7 +231,10 @@ impl InTurn {
 
     fn record_away(&self, message: &StreamMessage) {
         if let Some(key) = (self.key_of)(message) {
+            tracing::debug!(key = %key, seq = message.sequence, "elsewhere");
             lock(&self.order).away(&key, message.sequence, std::time::Instant::now());
+        } else {
+            tracing::debug!(seq = message.sequence, "elsewhere, key unknown");
         }
     }
 
@@ -278,6 +285,7 @@ impl InTurn {
                 if let Some(earlier) = look_up {
                     self.reads.inc();
                     let gone = matches!(stream.get_raw_message(earlier).await, Err(err) if not_found(&err));
+                    tracing::debug!(key = %key, seq, earlier, gone, "looked up an earlier message");
                     if gone {
                         self.settle(key, earlier);
                     }
@@ -327,11 +335,13 @@ impl InTurn {
     /// `msg` of `key` went back to the stream: later ones wait for it.
     pub fn handed_back(&self, msg: &jetstream::Message, key: &str) {
         if let (Some(_), Ok(info)) = (&self.stream, msg.info()) {
+            tracing::debug!(key = %key, seq = info.stream_sequence, "handed back");
             lock(&self.order).handed_back(key, info.stream_sequence, std::time::Instant::now());
         }
     }
 
     fn settle(&self, key: &str, seq: u64) {
+        tracing::debug!(key = %key, seq, "settled");
         lock(&self.order).done(key, seq);
         self.settled.notify_waiters();
     }

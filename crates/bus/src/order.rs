@@ -76,13 +76,14 @@ impl StreamOrder {
         }
     }
 
-    /// Records a delivery at `seq` (`first`: its first delivery) and returns the sequences
-    /// skipped since the previous first delivery, whose messages went elsewhere and are to be
-    /// read ([`StreamOrder::away`]). After a start that is everything before `seq`.
-    pub(crate) fn gap(&mut self, seq: u64, first: bool) -> Option<Range<u64>> {
-        if !first {
-            return None;
-        }
+    /// Records a delivery at `seq` and returns the sequences before it this replica has not
+    /// seen, whose messages went elsewhere and are to be read ([`StreamOrder::away`]). After a
+    /// start that is everything before `seq`. A redelivery counts as much as a first delivery:
+    /// first deliveries go out in stream order, so a redelivered message past what this
+    /// replica saw means every message before it was handed out somewhere, to another replica
+    /// or into a connection that died (after a partition, the redeliveries come before any new
+    /// message does).
+    pub(crate) fn gap(&mut self, seq: u64) -> Option<Range<u64>> {
         let from = self.next.unwrap_or(1);
         self.next = Some(from.max(seq + 1));
         (seq > from).then_some(from..seq)
@@ -253,13 +254,32 @@ mod tests {
     const WAIT: Duration = Duration::from_secs(300);
 
     #[test]
-    fn consecutive_first_deliveries_leave_no_gap_and_a_start_reads_what_came_before() {
+    fn consecutive_deliveries_leave_no_gap_and_a_start_reads_what_came_before() {
         let mut order = StreamOrder::new(WAIT);
-        assert_eq!(order.gap(5, true), Some(1..5), "after a start");
-        assert_eq!(order.gap(6, true), None);
-        assert_eq!(order.gap(3, false), None, "a redelivery is no gap");
-        assert_eq!(order.gap(9, true), Some(7..9));
-        assert_eq!(order.gap(10, true), None);
+        assert_eq!(order.gap(5), Some(1..5), "after a start");
+        assert_eq!(order.gap(6), None);
+        assert_eq!(order.gap(3), None, "a redelivery of a message seen here");
+        assert_eq!(order.gap(9), Some(7..9));
+        assert_eq!(order.gap(10), None);
+    }
+
+    #[test]
+    fn a_redelivery_past_what_was_seen_waits_for_the_earlier_messages_it_skipped() {
+        let now = Instant::now();
+        let mut order = StreamOrder::new(WAIT);
+        assert_eq!(order.gap(3), Some(1..3));
+        // The connection died after 3; 4 and 7 (of "s") were handed into it. On the new
+        // connection 7 comes again before anything new: 4..7 is unseen here.
+        assert_eq!(order.gap(7), Some(4..7));
+        order.away("s", 4, now);
+        assert_eq!(order.arrived("s", 7), Arrival::Wait);
+        assert_eq!(order.turn("s", 7, now), Err(Some(4)));
+        // 4 comes again: it goes first, then 7.
+        assert_eq!(order.gap(4), None);
+        assert_eq!(order.arrived("s", 4), Arrival::Lane);
+        order.done("s", 4);
+        assert_eq!(order.turn("s", 7, now), Ok(()));
+        assert_eq!(order.gap(8), None, "the run goes on after the redelivery");
     }
 
     #[test]
