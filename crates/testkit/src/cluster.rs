@@ -111,7 +111,7 @@ pub struct NatsCluster {
 }
 
 impl NatsCluster {
-    /// Starts `size` nodes on loopback and waits until JetStream has a meta leader.
+    /// Starts `size` nodes on loopback and waits until JetStream places a stream on all of them.
     ///
     /// # Errors
     /// When a node cannot start or the cluster does not form in 30 s.
@@ -119,7 +119,7 @@ impl NatsCluster {
         Self::start_plan(ClusterPlan::loopback(size)?).await
     }
 
-    /// Starts the nodes of `plan` and waits until JetStream has a meta leader.
+    /// Starts the nodes of `plan` and waits until JetStream places a stream on all of them.
     ///
     /// # Errors
     /// When a node cannot start or the cluster does not form in 30 s.
@@ -246,20 +246,40 @@ impl NatsCluster {
             .join("\n")
     }
 
+    /// Waits until a stream with a copy on every node can be created. A meta leader alone is
+    /// not enough: a node whose routes are slow joins the meta group seconds later, and until
+    /// then a test's own replicated stream is refused ("no suitable peers for placement").
     async fn wait_formed(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
+        let probe = format!("TESTKIT_PROBE_{}", uuid::Uuid::new_v4().simple());
+        let mut refused = String::from("no answer");
         loop {
             if let Ok(client) =
                 async_nats::connect(self.urls().split(',').collect::<Vec<_>>()).await
             {
                 let js = async_nats::jetstream::new(client);
-                if js.query_account().await.is_ok() {
-                    return Ok(());
+                let placed = js
+                    .create_stream(async_nats::jetstream::stream::Config {
+                        name: probe.clone(),
+                        subjects: vec![format!("testkit.probe.{probe}")],
+                        storage: async_nats::jetstream::stream::StorageType::Memory,
+                        num_replicas: self.nodes.len(),
+                        ..Default::default()
+                    })
+                    .await;
+                match placed {
+                    Ok(_) => {
+                        // Best effort: an empty stream in memory left behind changes no test.
+                        let _ = js.delete_stream(&probe).await;
+                        return Ok(());
+                    }
+                    Err(err) => refused = err.to_string(),
                 }
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the NATS cluster did not elect a JetStream leader; logs:\n{}",
+                    "the NATS cluster cannot place a stream on all {} nodes ({refused}); logs:\n{}",
+                    self.nodes.len(),
                     self.logs()
                 );
             }
