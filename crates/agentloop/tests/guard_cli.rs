@@ -28,7 +28,8 @@ async fn an_operator_pairs_a_sender_by_its_code_and_the_audit_shows_who() {
     let mut config = agentloop_memory::MemoryConfig::default();
     config.memory.listen = "127.0.0.1:0".to_owned();
     config.memory.database_url = db.url().to_owned();
-    let memory = agentloop_memory::Memory::bind(config, agentloop_lifecycle::Health::new())
+    let health = agentloop_lifecycle::Health::new();
+    let memory = agentloop_memory::Memory::bind(config, health.clone())
         .await
         .unwrap();
     let url = format!("http://{}", memory.local_addr());
@@ -43,6 +44,14 @@ async fn an_operator_pairs_a_sender_by_its_code_and_the_audit_shows_who() {
                 .await
                 .ok()
         }
+    })
+    .await
+    .unwrap();
+    // The migration is in before memory marks its store ready; a command sent between the two
+    // is told "memory is starting".
+    agentloop_testkit::wait_until("memory ready", std::time::Duration::from_secs(20), || {
+        let health = health.clone();
+        async move { health.readiness().0.then_some(()) }
     })
     .await
     .unwrap();
