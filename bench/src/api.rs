@@ -131,6 +131,7 @@ impl WsClient {
                         return Ok(Done {
                             total,
                             first_delta,
+                            outbound: None,
                             text_ok,
                         });
                     }
@@ -247,6 +248,7 @@ impl ChatApi {
         Ok(Done {
             total,
             first_delta: None,
+            outbound: None,
             text_ok,
         })
     }

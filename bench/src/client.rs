@@ -1,10 +1,11 @@
 //! The load client: publishes InboundMessages (protobuf or JSON) through JetStream, watches replies on
 //! `<prefix>.deliver.>` (and, when tracing, run events and run commands), checks each reply's
-//! text and counts duplicates.
+//! text and counts duplicates. It also notes when each final reply first appears on
+//! `<prefix>.outbound.>`, the subject `DESIGN.md` gives replies and the one a NATS CLI user
+//! reads, before delivery's bus adapter forwards it (`replies.rs` matches what it watches).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
@@ -15,7 +16,9 @@ use prost::Message as _;
 use tokio::sync::oneshot;
 
 use agentloop_proto::Encoding;
-use agentloop_proto::v1::{InboundMessage, OutboundMessage, RunCommand, SystemEvent};
+use agentloop_proto::v1::{InboundMessage, OutboundMessage, RunCommand};
+
+use crate::replies::{Inflight, State, on_event, on_outbound, on_reply};
 
 /// How long one message may take before it counts as lost.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -27,7 +30,7 @@ pub fn wall_us() -> f64 {
         .map_or(0.0, |d| d.as_micros() as f64)
 }
 
-fn ts_us(seconds: i64, nanos: i32) -> f64 {
+pub(crate) fn ts_us(seconds: i64, nanos: i32) -> f64 {
     seconds as f64 * 1e6 + f64::from(nanos) / 1e3
 }
 
@@ -59,44 +62,10 @@ pub struct Done {
     pub total: Duration,
     /// Publish to the first assistant delta, when events were watched.
     pub first_delta: Option<Duration>,
+    /// Publish to the final reply seen on `<prefix>.outbound.>` (bus messages only).
+    pub outbound: Option<Duration>,
     /// Whether the reply's text was the expected echo.
     pub text_ok: bool,
-}
-
-struct Inflight {
-    tag: String,
-    expected: String,
-    sent: Instant,
-    sent_wall: f64,
-    first_delta: Option<Instant>,
-    done: Option<oneshot::Sender<Done>>,
-}
-
-#[derive(Default)]
-struct EventTimes {
-    start: Option<f64>,
-    first_delta: Option<f64>,
-    last_delta: Option<f64>,
-    end: Option<f64>,
-}
-
-#[derive(Default)]
-struct State {
-    /// session key -> its one message in flight (sessions send in turn).
-    inflight: Mutex<HashMap<String, Inflight>>,
-    /// tag -> a burst's message in flight (many per session, so matched by tag).
-    burst: Mutex<HashMap<String, Inflight>>,
-    /// tag -> replies seen.
-    replies: Mutex<HashMap<String, u32>>,
-    duplicates: AtomicU64,
-    unexpected: AtomicU64,
-    /// run id -> event times, while tracing.
-    events: Mutex<HashMap<String, EventTimes>>,
-    /// tag -> RunCommand seen, while tracing.
-    run_commands: Mutex<HashMap<String, f64>>,
-    /// tag -> (run id, trace), while tracing.
-    traces: Mutex<HashMap<String, (String, Trace)>>,
-    tracing: std::sync::atomic::AtomicBool,
 }
 
 /// Counters of one phase.
@@ -106,6 +75,8 @@ pub struct Tally {
     pub duplicates: u64,
     /// Replies that matched no message in flight (wrong text, unknown session).
     pub unexpected: u64,
+    /// Messages answered on `<prefix>.outbound.>` whose delivered copy never came.
+    pub undelivered: u64,
 }
 
 /// The bench's NATS side.
@@ -167,10 +138,22 @@ impl LoadClient {
             .subscribe(format!("{prefix}.deliver.>"))
             .await
             .context("failed to subscribe to replies")?;
+        let mut outbound = client
+            .nc
+            .subscribe(format!("{prefix}.outbound.>"))
+            .await
+            .context("failed to subscribe to the outbound subject")?;
         let state = client.state.clone();
+        // One task for both, outbound first: a reply reaches `outbound.>` before delivery
+        // forwards it, and a delivered reply must find its outbound time already noted.
         tokio::spawn(async move {
-            while let Some(msg) = replies.next().await {
-                on_reply(&state, &msg);
+            loop {
+                tokio::select! {
+                    biased;
+                    Some(msg) = outbound.next() => on_outbound(&state, &msg),
+                    Some(msg) = replies.next() => on_reply(&state, &msg),
+                    else => break,
+                }
             }
         });
         client.nc.flush().await.context("flush failed")?;
@@ -252,6 +235,12 @@ impl LoadClient {
         Tally {
             duplicates: self.state.duplicates.swap(0, Ordering::SeqCst),
             unexpected: self.state.unexpected.swap(0, Ordering::SeqCst),
+            undelivered: self
+                .state
+                .answered
+                .lock()
+                .map(|mut a| std::mem::take(&mut *a).len() as u64)
+                .unwrap_or(0),
         }
     }
 
@@ -376,6 +365,13 @@ impl LoadClient {
         Ok(elapsed)
     }
 
+    /// From now on, answers each bus message's sender as soon as its final reply appears on
+    /// `<prefix>.outbound.>` (`on`), or only when delivery's copy arrives (`!on`, the default).
+    /// Delivered copies are still counted, so a duplicate or a lost delivery still shows.
+    pub fn answer_on_outbound(&self, on: bool) {
+        self.state.answer_on_outbound.store(on, Ordering::SeqCst);
+    }
+
     /// Appends fake-model directives to every message it sends from now on.
     pub fn set_directive(&mut self, directive: String) {
         self.directive = directive;
@@ -422,108 +418,4 @@ fn message(
         ..Default::default()
     };
     (inbound, inflight, rx)
-}
-
-fn on_reply(state: &State, msg: &async_nats::Message) {
-    let delivered_wall = wall_us();
-    let now = Instant::now();
-    let content_type = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get("Content-Type"))
-        .map(|v| v.as_str());
-    let Ok((outbound, _)) =
-        agentloop_proto::decode::<OutboundMessage>(content_type, msg.payload.as_ref())
-    else {
-        state.unexpected.fetch_add(1, Ordering::Relaxed);
-        return;
-    };
-    let tag = outbound
-        .text
-        .strip_prefix("echo: bench ")
-        .unwrap_or(&outbound.text)
-        .to_owned();
-    let seen = state
-        .replies
-        .lock()
-        .map(|mut r| {
-            let n = r.entry(tag.clone()).or_insert(0);
-            *n += 1;
-            *n
-        })
-        .unwrap_or(1);
-    if seen > 1 {
-        state.duplicates.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let Ok(mut inflight) = state.inflight.lock() else {
-        return;
-    };
-    let matches = inflight
-        .get(&outbound.session_key)
-        .is_some_and(|i| i.tag == tag);
-    let entry = if matches {
-        let entry = inflight.remove(&outbound.session_key);
-        drop(inflight);
-        entry
-    } else {
-        drop(inflight);
-        state.burst.lock().ok().and_then(|mut b| b.remove(&tag))
-    };
-    let Some(mut entry) = entry else {
-        state.unexpected.fetch_add(1, Ordering::Relaxed);
-        return;
-    };
-    if state.tracing.load(Ordering::Relaxed) {
-        let trace = Trace {
-            sent: entry.sent_wall,
-            outbound_ts: outbound.ts.as_ref().map(|t| ts_us(t.seconds, t.nanos)),
-            delivered: delivered_wall,
-            ..Default::default()
-        };
-        if let Ok(mut traces) = state.traces.lock() {
-            traces.insert(tag, (outbound.run_id.clone(), trace));
-        }
-    }
-    let done = Done {
-        total: now.duration_since(entry.sent),
-        first_delta: entry.first_delta.map(|t| t.duration_since(entry.sent)),
-        text_ok: outbound.text == entry.expected && outbound.error.is_empty(),
-    };
-    if let Some(tx) = entry.done.take() {
-        let _ = tx.send(done);
-    }
-}
-
-fn on_event(state: &State, msg: &async_nats::Message) {
-    let now = Instant::now();
-    let Ok(event) = SystemEvent::decode(msg.payload.as_ref()) else {
-        return;
-    };
-    let is_delta = event.stream == "assistant" && event.phase == "delta";
-    if is_delta
-        && let Ok(mut inflight) = state.inflight.lock()
-        && let Some(entry) = inflight.get_mut(&event.session_key)
-        && entry.first_delta.is_none()
-    {
-        entry.first_delta = Some(now);
-    }
-    if !state.tracing.load(Ordering::Relaxed) {
-        return;
-    }
-    let ts = event.ts.as_ref().map(|t| ts_us(t.seconds, t.nanos));
-    if let Ok(mut events) = state.events.lock() {
-        let times = events.entry(event.run_id.clone()).or_default();
-        match (event.stream.as_str(), event.phase.as_str()) {
-            ("lifecycle", "start") => times.start = ts,
-            ("lifecycle", "end" | "error") => times.end = ts,
-            ("assistant", "delta") => {
-                if times.first_delta.is_none() {
-                    times.first_delta = ts;
-                }
-                times.last_delta = ts;
-            }
-            _ => {}
-        }
-    }
 }

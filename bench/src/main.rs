@@ -16,6 +16,7 @@ mod options;
 mod phases;
 mod procfs;
 mod replicated;
+mod replies;
 mod report;
 mod retrieval;
 mod retrieval_data;
@@ -245,6 +246,7 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
     warm.via = via.clone();
     phases::run(stack, &client, &pool, &warm, 1).await?;
     step(&format!("soak: {sessions} sessions × {per} messages"));
+    client.answer_on_outbound(options.soak_outbound);
     let owners_before = runner_owners(stack, runners).await;
     let rss_before = stack::rss_by_name(stack);
     let mut soak_load = load("soak", sessions, sessions, per, limit);
@@ -420,8 +422,14 @@ fn load(name: &str, sessions: usize, concurrency: usize, per: usize, limit: Dura
 
 fn summary_line(p: &phases::PhaseResult, tck: u64) -> String {
     let t = report::pct(&p.totals);
+    let on_outbound = if p.outbounds.is_empty() {
+        String::new()
+    } else {
+        let o = report::pct(&p.outbounds);
+        format!(" (on outbound.>: p50 {:.2} ms, p99 {:.2} ms)", o.p50, o.p99)
+    };
     format!(
-        "{}: {} sent, {} ok, {} lost, {:.0} runs/s, p50 {:.2} ms, p99 {:.2} ms, {:.2} stack CPU-ms/run, persisted {:?}",
+        "{}: {} sent, {} ok, {} lost, {:.0} runs/s, p50 {:.2} ms, p99 {:.2} ms{on_outbound}, {:.2} stack CPU-ms/run, persisted {:?}",
         p.name,
         p.sent,
         p.ok,
@@ -491,6 +499,20 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
     .await?;
     step(&summary_line(&lat1, tck));
     report.latency.push(lat1);
+    step("latency, 1 session, replies read on outbound.>");
+    client.answer_on_outbound(true);
+    let lat1o = watched(
+        stack,
+        &client,
+        &pool,
+        &load("lat1o", 1, 1, plan.lat1, plan.phase_limit),
+        false,
+    )
+    .await;
+    client.answer_on_outbound(false);
+    let lat1o = lat1o?;
+    step(&summary_line(&lat1o, tck));
+    report.latency.push(lat1o);
 
     step("where the time goes, 1 session (tracing every hop)");
     let hops = watched(

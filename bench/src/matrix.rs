@@ -81,6 +81,8 @@ pub struct Column {
     pub setup: Setup,
     /// One session in turn.
     pub lat1: PhaseResult,
+    /// One session in turn, each reply taken from `outbound.>`.
+    pub lat1o: PhaseResult,
     /// Ten sessions at once, each in turn.
     pub lat10: PhaseResult,
     /// A hundred sessions at once, each in turn.
@@ -187,6 +189,20 @@ async fn run_one(stack: &mut Stack, setup: Setup, plan: &Plan) -> anyhow::Result
     )
     .await?;
     step(&summary_line(&lat1, tck));
+    // The issue's own measure: the client takes the reply from `outbound.>`, where a NATS CLI
+    // user reads it, and sends its next message then.
+    client.answer_on_outbound(true);
+    let lat1o = watched(
+        stack,
+        &client,
+        &pool,
+        &load("lat1o", 1, 1, plan.lat1, limit),
+        false,
+    )
+    .await;
+    client.answer_on_outbound(false);
+    let lat1o = lat1o?;
+    step(&summary_line(&lat1o, tck));
     let lat10 = watched(
         stack,
         &client,
@@ -209,6 +225,7 @@ async fn run_one(stack: &mut Stack, setup: Setup, plan: &Plan) -> anyhow::Result
     Ok(Column {
         setup,
         lat1,
+        lat1o,
         lat10,
         tp100,
         burst,
@@ -229,7 +246,11 @@ impl Matrix {
              once (closed loop: each session waits for its reply before its next message), and \
              a burst: {sessions} sessions × {per} messages published at once (queue mode \
              `followup`), runs/s from the first publish to the last reply. Latency: publish to \
-             reply in ms; CPU: the stack's (services, nats-server, Postgres) per completed run.\n\n",
+             the reply in ms, as delivered on `agentloop.deliver.>` by delivery's bus adapter, \
+             unless the row says `outbound.>`: there the client reads each reply where it first \
+             appears, on the subject `DESIGN.md` gives final replies (as issue 30 measured), \
+             and sends its next message then, delivery's copy still counted; \
+             CPU: the stack's (services, nats-server, Postgres) per completed run.\n\n",
             if self.quick { "Quick" } else { "Full" },
             self.date,
             self.commit,
@@ -270,7 +291,7 @@ impl Matrix {
             .columns
             .iter()
             .flatten()
-            .flat_map(|c| [&c.lat1, &c.lat10, &c.tp100])
+            .flat_map(|c| [&c.lat1, &c.lat1o, &c.lat10, &c.tp100])
             .map(|p| p.lost + p.wrong)
             .sum();
         if lost > 0 {
@@ -292,6 +313,16 @@ impl Matrix {
                 "1 session, closed loop: p50 ms",
                 2,
                 Box::new(|c| pct(&c.lat1.totals).p50),
+            ),
+            Row::lower(
+                "1 session, closed loop, replies read on `outbound.>`: p50 ms",
+                2,
+                Box::new(|c| pct(&c.lat1o.totals).p50),
+            ),
+            Row::lower(
+                "1 session, closed loop, replies read on `outbound.>`: p99 ms",
+                2,
+                Box::new(|c| pct(&c.lat1o.totals).p99),
             ),
             Row::lower(
                 "1 session, closed loop: p99 ms",

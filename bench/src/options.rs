@@ -46,6 +46,9 @@ pub struct Options {
     /// `--no-key` with `--http`: requests without `Idempotency-Key`, as the official OpenAI
     /// clients send them (runs are then found by their text).
     pub soak_keyless: bool,
+    /// `--outbound` with `--soak` over the bus: the client reads each reply on
+    /// `outbound.>` (as issue 30 measured) instead of waiting for delivery's copy.
+    pub soak_outbound: bool,
     /// `--matrix`: the four setups ({separate, all} × {proto, json}) side by side, closed loop
     /// and burst, instead of the default phases.
     pub matrix: bool,
@@ -73,7 +76,7 @@ pub struct Options {
 pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-write] [--bin-dir DIR] \
 [--nats-server PATH] [--pg-url postgres://USER@HOST:PORT] [--keep-logs] \
 [--mode separate|all] [--inbound proto|json] \
-[--openclaw [--node PATH] [--openclaw-dir DIR] [--rounds N]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace | --http [--no-key]]] \
+[--openclaw [--node PATH] [--openclaw-dir DIR] [--rounds N]] [--soak MESSAGES_PER_SESSION [--sessions N] [--runners R] [--trace | --outbound | --http [--no-key]]] \
 [--matrix [--rounds N]] [--retrieval] [--inflight N,N,… [--model-ms MS,MS,…]] [--replicated]
 
   --mode separate   each service in a process of its own (default)
@@ -105,7 +108,10 @@ pub const USAGE: &str = "usage: agentloop-bench [--quick] [--out PATH | --no-wri
                     time (p50/p99); its own section of bench/RESULTS.md
   --replicated      1 session, 10 and 100 sessions (closed loop) on one nats-server, then on a
                     three-node cluster on loopback with streams replicated three ways and every
-                    write synced (`sync_interval: always`); its own section";
+                    write synced (`sync_interval: always`); its own section
+  --outbound        with --soak (bus): the client reads each reply on agentloop.outbound.>,
+                    where it first appears, and sends its next message then; delivery's copy on
+                    agentloop.deliver.> is still checked (a missing one counts as lost)";
 
 /// Parses the command line (`--help` prints [`USAGE`] and exits).
 ///
@@ -138,6 +144,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
         soak_trace: false,
         soak_http: false,
         soak_keyless: false,
+        soak_outbound: false,
         matrix: false,
         rounds: None,
         retrieval: false,
@@ -175,6 +182,7 @@ pub fn parse_args() -> anyhow::Result<Options> {
             "--trace" => options.soak_trace = true,
             "--http" => options.soak_http = true,
             "--no-key" => options.soak_keyless = true,
+            "--outbound" => options.soak_outbound = true,
             "--matrix" => options.matrix = true,
             "--rounds" => {
                 options.rounds = Some(value()?.parse().context("--rounds needs a count")?);
@@ -228,6 +236,13 @@ pub fn parse_args() -> anyhow::Result<Options> {
         // The hops are timed from the bench's own publish on the bus, which an HTTP request
         // does not make: the table would be empty.
         bail!("--trace times the bus path of --soak: not with --http, and only with --soak");
+    }
+    if options.soak_outbound && (options.soak.is_none() || options.soak_http || options.soak_trace)
+    {
+        // The trace's last hop is delivery's; an HTTP answer never crosses `outbound.>`.
+        bail!(
+            "--outbound reads the bus replies of --soak: only with --soak, not with --http or --trace"
+        );
     }
     if options.soak_keyless && !options.soak_http {
         bail!("--no-key changes the requests of --http: give both");

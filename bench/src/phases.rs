@@ -35,6 +35,8 @@ pub struct PhaseResult {
     pub totals: Vec<Duration>,
     /// Publish to first assistant delta, per message (when events were watched).
     pub first_deltas: Vec<Duration>,
+    /// Publish to the final reply on `<prefix>.outbound.>`, per message (bus messages only).
+    pub outbounds: Vec<Duration>,
     /// Duplicates and strays seen by the reply watcher.
     pub tally: Tally,
     /// CPU ticks spent per process group.
@@ -233,6 +235,9 @@ pub async fn run(
     // Late duplicates would show up within this pause.
     tokio::time::sleep(Duration::from_millis(300)).await;
     result.tally = client.take_tally();
+    // Answered on the outbound subject but never delivered: the user did not get it.
+    result.ok = result.ok.saturating_sub(result.tally.undelivered);
+    result.lost += result.tally.undelivered;
     Ok(result)
 }
 
@@ -302,6 +307,9 @@ pub async fn drive(
                     result.totals.push(d.total);
                     if let Some(f) = d.first_delta {
                         result.first_deltas.push(f);
+                    }
+                    if let Some(o) = d.outbound {
+                        result.outbounds.push(o);
                     }
                 }
                 Ok(_) => result.wrong += 1,

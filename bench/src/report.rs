@@ -328,7 +328,8 @@ impl Report {
             "\n## How it is measured\n\n\
              - Latency: publish (just before the JetStream publish of the InboundMessage) to the first \
              assistant delta SystemEvent seen on `agentloop.events.>` and to the reply seen on \
-             `agentloop.deliver.>`; the JetStream publish ack is awaited concurrently, not before.\n\
+             `agentloop.deliver.>` (delivery's bus adapter); the latency table also times the same reply \
+             where it first appears, on `agentloop.outbound.>`, the subject `DESIGN.md` gives final replies; the JetStream publish ack is awaited concurrently, not before.\n\
              - Throughput: replies with the right text per second, from the first publish to the last reply; \
              every message carries a unique tag (`<phase>-<session>-<n>`, also its idempotency key) that the \
              fake model echoes. Persisted = rows in `runs` with status `completed` for the phase's keys.\n\
@@ -557,14 +558,15 @@ impl Report {
         let _ = writeln!(s, "## Overhead latency (ms)\n");
         let _ = writeln!(
             s,
-            "| scenario | messages | ok | stalled > 1 s | to first delta p50 / p90 / p99 / max | to final reply p50 / p90 / p99 / max |"
+            "| scenario | messages | ok | stalled > 1 s | to first delta p50 / p90 / p99 / max | to the final reply on `outbound.>` p50 / p99 | to final reply p50 / p90 / p99 / max |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
         for p in &self.latency {
             let f = pct(&p.first_deltas);
             let t = pct(&p.totals);
             let what = match p.name.as_str() {
                 "lat1" => "1 session, in turn".to_owned(),
+                "lat1o" => "1 session, in turn, each reply read on `agentloop.outbound.>`".to_owned(),
                 "lat10" => "10 sessions at once, each in turn".to_owned(),
                 "ask1" => "1 session via gateway `agentloop.ask` (request → reply)".to_owned(),
                 "ws1" => {
@@ -586,9 +588,15 @@ impl Report {
             } else {
                 format!("{:.2} / {:.2} / {:.2} / {:.2}", f.p50, f.p90, f.p99, f.max)
             };
+            let o = pct(&p.outbounds);
+            let on_outbound = if o.n == 0 {
+                "—".to_owned()
+            } else {
+                format!("{:.2} / {:.2}", o.p50, o.p99)
+            };
             let _ = writeln!(
                 s,
-                "| {what} | {} | {} | {} | {first} | {:.2} / {:.2} / {:.2} / {:.2} |",
+                "| {what} | {} | {} | {} | {first} | {on_outbound} | {:.2} / {:.2} / {:.2} / {:.2} |",
                 p.sent,
                 p.ok,
                 stalled(&p.totals),
