@@ -6,9 +6,11 @@
 #
 # Usage: ./scripts/bench.sh [--quick] [--no-write | --out PATH] [--keep-logs]
 #          [--mode separate|all] [--inbound proto|json]
-#        ./scripts/bench.sh --soak N [--sessions S] [--runners R] [--trace | --http]   (S sessions, default 100,
-#          × N messages only, on R runner processes, default 1; a short summary printed;
-#          --trace times each hop of the bus path, so not with --http)
+#        ./scripts/bench.sh --soak N [--sessions S] [--runners R] [--trace | --outbound | --http]   (S sessions,
+#          default 100, × N messages only, on R runner processes, default 1; a short summary printed;
+#          --trace times each hop of the bus path, so not with --http; --outbound: the client
+#          takes each reply from agentloop.outbound.>, where it first appears, instead of waiting
+#          for delivery's copy on agentloop.deliver.>, which is still checked)
 #   --mode all: the five services in one `agentloop all` process instead of five (default
 #   separate; no runner scaling phase, --runners refused). --inbound json: the load client
 #   publishes its InboundMessages as JSON with Content-Type: application/json, as the NATS CLI
@@ -17,7 +19,8 @@
 #        ./scripts/bench.sh --matrix [--quick] [--no-write | --out PATH] [--keep-logs]
 #   --matrix: what users run, side by side: a fresh stack for each of --mode separate|all ×
 #   --inbound proto|json, each warmed up, then 1 session in turn, 10 and 100 sessions at once
-#   (closed loop: each session waits for its reply) and a burst (100 sessions × 10 messages
+#   (closed loop: each session waits for its reply; 1 session also with each reply taken from
+#   agentloop.outbound.>, as issue 30 measured) and a burst (100 sessions × 10 messages
 #   published at once, queue mode followup; runs/s from first publish to last reply, lost
 #   replies and persisted runs); one table, which replaces its own section of bench/RESULTS.md
 #   (under a minute; --quick fewer messages)
