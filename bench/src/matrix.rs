@@ -13,6 +13,7 @@ use agentloop_proto::Encoding;
 use crate::client::LoadClient;
 use crate::options::Options;
 use crate::phases::{self, PhaseResult, STACK_GROUPS};
+use crate::procfs::Yardsticks;
 use crate::report::pct;
 use crate::setup::{Setup, StackMode};
 use crate::stack::{Stack, StackConfig};
@@ -108,6 +109,8 @@ pub struct Matrix {
     pub burst: (usize, usize),
     /// Per setup in [`SETUPS`] order, its rounds.
     pub columns: Vec<Vec<Column>>,
+    /// The machine's yardsticks before and after the run.
+    pub yardsticks: [Yardsticks; 2],
 }
 
 /// Runs the four setups one after the other, each on a stack of its own under `run_dir`, and
@@ -120,6 +123,7 @@ pub async fn run(options: &Options, run_dir: &Path, commit: String) -> anyhow::R
     let plan = Plan::new(options.quick);
     let mut columns: Vec<Vec<Column>> = vec![Vec::new(); SETUPS.len()];
     let rounds = options.rounds.unwrap_or(1);
+    let before = Yardsticks::measure();
     for (round, (i, (mode, inbound))) in
         (0..rounds).flat_map(|round| SETUPS.into_iter().enumerate().map(move |s| (round, s)))
     {
@@ -156,6 +160,7 @@ pub async fn run(options: &Options, run_dir: &Path, commit: String) -> anyhow::R
         tck: crate::procfs::clock_ticks_per_sec(),
         burst: plan.burst,
         columns,
+        yardsticks: [before, Yardsticks::measure()],
     })
 }
 
@@ -255,6 +260,9 @@ impl Matrix {
             self.date,
             self.commit,
         );
+        let [before, after] = self.yardsticks;
+        out.push_str(&Yardsticks::sentence(before, after));
+        out.push_str("\n\n");
         let rounds = self.columns.first().map_or(0, Vec::len);
         if rounds > 1 {
             out.push_str(&format!(
@@ -315,6 +323,11 @@ impl Matrix {
                 Box::new(|c| pct(&c.lat1.totals).p50),
             ),
             Row::lower(
+                "1 session, closed loop: p99 ms",
+                2,
+                Box::new(|c| pct(&c.lat1.totals).p99),
+            ),
+            Row::lower(
                 "1 session, closed loop, replies read on `outbound.>`: p50 ms",
                 2,
                 Box::new(|c| pct(&c.lat1o.totals).p50),
@@ -323,11 +336,6 @@ impl Matrix {
                 "1 session, closed loop, replies read on `outbound.>`: p99 ms",
                 2,
                 Box::new(|c| pct(&c.lat1o.totals).p99),
-            ),
-            Row::lower(
-                "1 session, closed loop: p99 ms",
-                2,
-                Box::new(|c| pct(&c.lat1.totals).p99),
             ),
             Row::lower(
                 "10 sessions at once: p99 ms",

@@ -198,6 +198,43 @@ pub fn process_tree(root: u32) -> Vec<u32> {
     tree
 }
 
+/// The machine's speed at one moment: what [`cpu_yardstick`] and [`loopback_round_trip`] took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Yardsticks {
+    /// The integer loop, best of five.
+    pub integer_loop: std::time::Duration,
+    /// The loopback round trip, median (`None` when the socket could not be made).
+    pub round_trip: Option<std::time::Duration>,
+}
+
+impl Yardsticks {
+    /// Measures both now (about a second).
+    pub fn measure() -> Self {
+        Self {
+            integer_loop: cpu_yardstick(),
+            round_trip: loopback_round_trip().ok(),
+        }
+    }
+
+    /// One sentence giving both yardsticks before and after a run.
+    pub fn sentence(before: Self, after: Self) -> String {
+        let micros = |y: Self| {
+            y.round_trip.map_or("—".to_owned(), |rt| {
+                format!("{:.1}", rt.as_secs_f64() * 1e6)
+            })
+        };
+        format!(
+            "The machine's yardsticks before / after the run (lower is faster; figures of runs \
+             whose yardsticks differ do not compare): a fixed single-threaded integer loop \
+             {:.1} / {:.1} ms, a loopback TCP ping-pong {} / {} µs per round trip.",
+            before.integer_loop.as_secs_f64() * 1000.0,
+            after.integer_loop.as_secs_f64() * 1000.0,
+            micros(before),
+            micros(after),
+        )
+    }
+}
+
 /// Times a fixed single-threaded integer loop (best of five), a yardstick of the machine's CPU
 /// speed at the time: results from different days compare only as far as their yardsticks do.
 pub fn cpu_yardstick() -> std::time::Duration {

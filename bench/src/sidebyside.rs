@@ -104,6 +104,8 @@ pub struct SideBySide {
     /// CPU-ms the idle OpenClaw process tree used during agentloop's later rounds, and those
     /// rounds' wall time.
     pub openclaw_idle: (f64, Duration),
+    /// The machine's yardsticks before and after the run.
+    pub yardsticks: [procfs::Yardsticks; 2],
 }
 
 /// Where OpenClaw is installed.
@@ -297,6 +299,7 @@ pub async fn run(
         machine: procfs::machine(),
         tck: procfs::clock_ticks_per_sec(),
         plan: Some(plan),
+        yardsticks: [procfs::Yardsticks::measure(); 2],
         node_version: std::process::Command::new(&options.node)
             .arg("--version")
             .output()
@@ -427,5 +430,6 @@ pub async fn run(
     eprintln!("[bench] stopping OpenClaw");
     openclaw.stop().await;
     outcome?;
+    report.yardsticks[1] = procfs::Yardsticks::measure();
     Ok(report)
 }

