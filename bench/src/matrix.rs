@@ -17,7 +17,7 @@ use crate::procfs::Yardsticks;
 use crate::report::pct;
 use crate::setup::{Setup, StackMode};
 use crate::stack::{Stack, StackConfig};
-use crate::{PREFIX, drop_database, load, step, summary_line, watched};
+use crate::{PREFIX, drop_database, load, lone_on_outbound, step, summary_line, watched};
 
 /// Opens the matrix section of `bench/RESULTS.md`.
 pub const BEGIN: &str = "<!-- what-users-run:begin -->";
@@ -194,19 +194,7 @@ async fn run_one(stack: &mut Stack, setup: Setup, plan: &Plan) -> anyhow::Result
     )
     .await?;
     step(&summary_line(&lat1, tck));
-    // The issue's own measure: the client takes the reply from `outbound.>`, where a NATS CLI
-    // user reads it, and sends its next message then.
-    client.answer_on_outbound(true);
-    let lat1o = watched(
-        stack,
-        &client,
-        &pool,
-        &load("lat1o", 1, 1, plan.lat1, limit),
-        false,
-    )
-    .await;
-    client.answer_on_outbound(false);
-    let lat1o = lat1o?;
+    let lat1o = lone_on_outbound(stack, &client, &pool, plan.lat1, limit).await?;
     step(&summary_line(&lat1o, tck));
     let lat10 = watched(
         stack,
