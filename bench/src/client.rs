@@ -230,8 +230,13 @@ impl LoadClient {
             .collect()
     }
 
-    /// Returns and resets the duplicate/unexpected counters.
+    /// Returns and resets the phase's counters.
     pub fn take_tally(&self) -> Tally {
+        // Sightings on `outbound.>` that no delivered copy claimed (a reply answered over HTTP
+        // reaches its gateway, not `deliver.>`) are dropped with the phase.
+        if let Ok(mut seen) = self.state.outbound_seen.lock() {
+            seen.clear();
+        }
         Tally {
             duplicates: self.state.duplicates.swap(0, Ordering::SeqCst),
             unexpected: self.state.unexpected.swap(0, Ordering::SeqCst),
