@@ -213,8 +213,8 @@ async fn watched(
     result
 }
 
-/// One session in turn (`name`, `messages`), each reply read on `outbound.>` where it first
-/// appears (as issue 30 measured), so the client sends its next message then.
+/// One session sending `messages` in turn (phase `lat1o`), each reply read on `outbound.>`
+/// where it first appears (as issue 30 measured), so the client sends its next message then.
 async fn lone_on_outbound(
     stack: &Stack,
     client: &LoadClient,
@@ -472,8 +472,7 @@ async fn bench(stack: &mut Stack, options: &Options) -> anyhow::Result<Report> {
         date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
         commit: git_commit(),
         machine: procfs::machine(),
-        yardstick: procfs::cpu_yardstick(),
-        round_trip: procfs::loopback_round_trip().ok(),
+        yardsticks: procfs::Yardsticks::measure(),
         tck,
         mem_sessions: plan.mem_sessions,
         mem_active: plan.mem_active,

@@ -136,10 +136,8 @@ pub struct Report {
     pub commit: String,
     /// Cores, CPU model, `free -h` Mem line.
     pub machine: (usize, String, String),
-    /// [`crate::procfs::cpu_yardstick`] before the stack started.
-    pub yardstick: Duration,
-    /// [`crate::procfs::loopback_round_trip`] before the stack started.
-    pub round_trip: Option<Duration>,
+    /// The machine's yardsticks before the stack started.
+    pub yardsticks: crate::procfs::Yardsticks,
     /// Versions of nats-server and Postgres.
     pub versions: String,
     /// Clock ticks per second.
@@ -304,11 +302,13 @@ impl Report {
              different runs, and see `bench/HISTORY.md` for same-machine before/after runs): a fixed \
              single-threaded integer loop (50 M steps) {:.1} ms, best of 5; a loopback TCP ping-pong \
              between two threads {} µs per round trip, median of 20 000",
-            self.yardstick.as_secs_f64() * 1000.0,
-            self.round_trip.map_or("—".to_owned(), |rt| format!(
-                "{:.1}",
-                rt.as_secs_f64() * 1e6
-            ))
+            self.yardsticks.integer_loop.as_secs_f64() * 1000.0,
+            self.yardsticks
+                .round_trip
+                .map_or("—".to_owned(), |rt| format!(
+                    "{:.1}",
+                    rt.as_secs_f64() * 1e6
+                ))
         );
         let _ = writeln!(s, "- {}", self.versions);
         let _ = writeln!(s, "- mode: {}; stack {}", self.mode, self.setup.line());
