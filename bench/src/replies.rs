@@ -128,9 +128,12 @@ pub(crate) fn on_outbound(state: &State, msg: &async_nats::Message) {
         if answered.contains(&tag) {
             return;
         }
-        if let Some(entry) = take_inflight(state, &outbound.session_key, &tag) {
+        if let Some(mut entry) = take_inflight(state, &outbound.session_key, &tag) {
             answered.insert(tag);
             drop(answered);
+            // The events come on another subscription and may be read after this reply: only
+            // the messages whose delta came first would count, so none does in this mode.
+            entry.first_delta = None;
             complete(entry, &outbound, now, Some(now));
         }
         return;
@@ -197,17 +200,20 @@ pub(crate) fn on_event(state: &State, msg: &async_nats::Message) {
         return;
     };
     let is_delta = event.stream == "assistant" && event.phase == "delta";
+    let ts = event.ts.as_ref().map(|t| ts_us(t.seconds, t.nanos));
     if is_delta
         && let Ok(mut inflight) = state.inflight.lock()
         && let Some(entry) = inflight.get_mut(&event.session_key)
         && entry.first_delta.is_none()
+        // A client answered on `outbound.>` has sent its next message before the previous
+        // run's last events arrive: a delta made before this message was sent is not its own.
+        && ts.is_none_or(|ts| ts >= entry.sent_wall)
     {
         entry.first_delta = Some(now);
     }
     if !state.tracing.load(Ordering::Relaxed) {
         return;
     }
-    let ts = event.ts.as_ref().map(|t| ts_us(t.seconds, t.nanos));
     if let Ok(mut events) = state.events.lock() {
         let times = events.entry(event.run_id.clone()).or_default();
         match (event.stream.as_str(), event.phase.as_str()) {
