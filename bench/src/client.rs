@@ -107,12 +107,30 @@ impl Drop for TraceWatch {
 }
 
 impl LoadClient {
-    /// Connects and starts watching `<prefix>.deliver.>`; `inbound`: the encoding of the
-    /// InboundMessages it will publish.
+    /// Connects and starts watching `<prefix>.deliver.>` and `<prefix>.outbound.>`; `inbound`:
+    /// the encoding of the InboundMessages it will publish.
     ///
     /// # Errors
     /// When NATS cannot be reached.
     pub async fn connect(url: &str, prefix: &str, inbound: Encoding) -> anyhow::Result<Self> {
+        let client = Self::connect_unwatched(url, prefix, inbound).await?;
+        client.watch_replies().await?;
+        Ok(client)
+    }
+
+    /// Connects without watching the bus for replies, for phases that only drive the gateway's
+    /// HTTP API: their answers come back on the HTTP connection, and a watcher would have
+    /// nats-server hand the bench two more copies of every reply (the outbound one and
+    /// delivery's), work the system under test pays for and OpenClaw's side of a side by side
+    /// does not.
+    ///
+    /// # Errors
+    /// When NATS cannot be reached.
+    pub async fn connect_unwatched(
+        url: &str,
+        prefix: &str,
+        inbound: Encoding,
+    ) -> anyhow::Result<Self> {
         let nc = async_nats::ConnectOptions::new()
             .name("agentloop-bench")
             .subscription_capacity(1 << 17)
@@ -125,25 +143,31 @@ impl LoadClient {
         let js = jetstream::context::ContextBuilder::new()
             .max_ack_inflight(1 << 17)
             .build(nc.clone());
-        let client = Self {
+        Ok(Self {
             nc,
             js,
             prefix: prefix.to_owned(),
             inbound,
             directive: String::new(),
             state: Arc::new(State::default()),
-        };
-        let mut replies = client
+        })
+    }
+
+    /// Watches `<prefix>.deliver.>` and `<prefix>.outbound.>` for the replies of the messages
+    /// this client publishes.
+    async fn watch_replies(&self) -> anyhow::Result<()> {
+        let prefix = &self.prefix;
+        let mut replies = self
             .nc
             .subscribe(format!("{prefix}.deliver.>"))
             .await
             .context("failed to subscribe to replies")?;
-        let mut outbound = client
+        let mut outbound = self
             .nc
             .subscribe(format!("{prefix}.outbound.>"))
             .await
             .context("failed to subscribe to the outbound subject")?;
-        let state = client.state.clone();
+        let state = self.state.clone();
         // One task for both, outbound first: a reply reaches `outbound.>` before delivery
         // forwards it, and a delivered reply must find its outbound time already noted.
         tokio::spawn(async move {
@@ -156,8 +180,8 @@ impl LoadClient {
                 }
             }
         });
-        client.nc.flush().await.context("flush failed")?;
-        Ok(client)
+        self.nc.flush().await.context("flush failed")?;
+        Ok(())
     }
 
     /// Starts recording event and run-command timestamps (and first-delta latency).

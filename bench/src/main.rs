@@ -173,7 +173,9 @@ async fn side_by_side(
         .connect(&stack.database_url)
         .await
         .context("failed to connect to the bench database")?;
-    let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
+    // Every phase goes through the gateway's HTTP API.
+    let client =
+        LoadClient::connect_unwatched(&stack.nats_url, PREFIX, options.setup.inbound).await?;
     let side_options = sidebyside::SideOptions {
         node: options.node.clone(),
         package_dir: options.openclaw_dir.clone(),
@@ -251,7 +253,11 @@ async fn soak(stack: &mut Stack, options: &Options, per: usize) -> anyhow::Resul
         .connect(&stack.database_url)
         .await
         .context("failed to connect to the bench database")?;
-    let client = LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?;
+    let client = if options.soak_http {
+        LoadClient::connect_unwatched(&stack.nats_url, PREFIX, options.setup.inbound).await?
+    } else {
+        LoadClient::connect(&stack.nats_url, PREFIX, options.setup.inbound).await?
+    };
     let limit = Duration::from_secs(120);
     let via = if options.soak_http {
         let gateway = stack
