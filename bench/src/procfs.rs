@@ -216,21 +216,23 @@ impl Yardsticks {
         }
     }
 
+    /// The round trip in µs with one decimal, "—" when it could not be measured.
+    pub fn round_trip_micros(self) -> String {
+        self.round_trip.map_or("—".to_owned(), |rt| {
+            format!("{:.1}", rt.as_secs_f64() * 1e6)
+        })
+    }
+
     /// One sentence giving both yardsticks before and after a run.
     pub fn sentence(before: Self, after: Self) -> String {
-        let micros = |y: Self| {
-            y.round_trip.map_or("—".to_owned(), |rt| {
-                format!("{:.1}", rt.as_secs_f64() * 1e6)
-            })
-        };
         format!(
             "The machine's yardsticks before / after the run (lower is faster; figures of runs \
              whose yardsticks differ do not compare): a fixed single-threaded integer loop \
              {:.1} / {:.1} ms, a loopback TCP ping-pong {} / {} µs per round trip.",
             before.integer_loop.as_secs_f64() * 1000.0,
             after.integer_loop.as_secs_f64() * 1000.0,
-            micros(before),
-            micros(after),
+            before.round_trip_micros(),
+            after.round_trip_micros(),
         )
     }
 }

@@ -303,12 +303,7 @@ impl Report {
              single-threaded integer loop (50 M steps) {:.1} ms, best of 5; a loopback TCP ping-pong \
              between two threads {} µs per round trip, median of 20 000",
             self.yardsticks.integer_loop.as_secs_f64() * 1000.0,
-            self.yardsticks
-                .round_trip
-                .map_or("—".to_owned(), |rt| format!(
-                    "{:.1}",
-                    rt.as_secs_f64() * 1e6
-                ))
+            self.yardsticks.round_trip_micros()
         );
         let _ = writeln!(s, "- {}", self.versions);
         let _ = writeln!(s, "- mode: {}; stack {}", self.mode, self.setup.line());
