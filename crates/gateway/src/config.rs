@@ -26,16 +26,29 @@ pub struct GatewayConfig {
 agentloop_lifecycle::config_schema!(GatewayConfig);
 
 /// The part of `[models]` the gateway checks `sessions.patch` against.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(default)]
 pub struct ModelPolicy {
     /// The global default `provider/model`, always allowed.
     pub default_model: String,
     /// When not empty, the only models a session may use. Empty: admins may use any model,
     /// other principals only the default one.
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub allowlist: Vec<String>,
     /// Prices per million tokens by `provider/model`, for the cost `sessions.usage` reports.
     pub prices: std::collections::BTreeMap<String, Price>,
+}
+
+impl Default for ModelPolicy {
+    fn default() -> Self {
+        Self {
+            // The router resolves a session without a model to this one, so a non-admin
+            // choosing it must be allowed here too.
+            default_model: agentloop_lifecycle::DEFAULT_MODEL.to_owned(),
+            allowlist: Vec::new(),
+            prices: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 /// What a model costs (`[models.prices."provider/model"]`), in any one currency.
@@ -131,8 +144,8 @@ pub struct GatewaySettings {
     /// `policy.tickIntervalMs`): OpenClaw clients close a connection that stays silent for two
     /// intervals, and proxies drop idle ones.
     pub tick_interval_ms: u64,
-    /// Allows the placeholder tokens `CHANGE_ME` and `agentloop-dev-token`, which are refused
-    /// at startup otherwise.
+    /// Allows the development token `agentloop-dev-token`, which is refused at startup
+    /// otherwise. (`CHANGE_ME` is refused always, as any value holding it, by the loader.)
     pub dev_mode: bool,
 }
 
@@ -163,9 +176,11 @@ impl Default for GatewaySettings {
     }
 }
 
-/// Tokens that ship in examples and the development setup; a gateway guarded by one of them is
-/// open to anyone who read the README, so it refuses to start unless `dev_mode` is on.
-pub const PLACEHOLDER_TOKENS: [&str; 2] = ["CHANGE_ME", "agentloop-dev-token"];
+/// Tokens that ship in the development setup; a gateway guarded by one of them is open to
+/// anyone who read the README, so it refuses to start unless `dev_mode` is on. The manifests'
+/// placeholder `CHANGE_ME` is not among them: the config loader refuses it in any key,
+/// `gateway.tokens` included (`agentloop_lifecycle::ConfigError::Placeholder`).
+pub const PLACEHOLDER_TOKENS: [&str; 1] = ["agentloop-dev-token"];
 
 impl GatewaySettings {
     /// Returns a configured placeholder token, unless `dev_mode` allows them.
@@ -306,17 +321,59 @@ mod tests {
         assert!(twice.token_problem().is_some());
     }
 
+    fn load(env: &[(&str, &str)]) -> Result<GatewayConfig, agentloop_lifecycle::ConfigError> {
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        agentloop_lifecycle::load_config_from(None, env)
+    }
+
     #[test]
     fn placeholder_tokens_are_found_unless_dev_mode_is_on() {
         let mut settings: GatewaySettings =
             toml::from_str(r#"tokens = "real, agentloop-dev-token""#).unwrap();
         assert_eq!(settings.placeholder_token(), Some("agentloop-dev-token"));
-        settings.tokens = vec![TokenGrant::admin("CHANGE_ME")];
-        assert_eq!(settings.placeholder_token(), Some("CHANGE_ME"));
         settings.dev_mode = true;
         assert_eq!(settings.placeholder_token(), None);
         settings = GatewaySettings::default();
         assert_eq!(settings.placeholder_token(), None);
+    }
+
+    #[test]
+    fn the_token_change_me_is_refused_by_the_loader_even_in_dev_mode() {
+        for dev_mode in ["false", "true"] {
+            let err = load(&[
+                ("AGENTLOOP_GATEWAY__TOKENS", "s3cret, CHANGE_ME"),
+                ("AGENTLOOP_GATEWAY__DEV_MODE", dev_mode),
+            ])
+            .unwrap_err();
+            assert!(
+                matches!(err, agentloop_lifecycle::ConfigError::Placeholder { .. }),
+                "{err:?}"
+            );
+            let message = err.to_string();
+            assert!(message.contains("`gateway.tokens`"), "{message}");
+            assert!(!message.contains("s3cret"), "{message}");
+        }
+    }
+
+    #[test]
+    fn list_settings_come_as_comma_separated_text_from_the_environment() {
+        let config = load(&[
+            ("AGENTLOOP_MODELS__ALLOWLIST", "openai/a, openai/b"),
+            ("AGENTLOOP_GATEWAY__ALLOWED_ORIGINS", "https://a, https://b"),
+        ])
+        .unwrap();
+        assert_eq!(config.models.allowlist, ["openai/a", "openai/b"]);
+        assert_eq!(config.gateway.allowed_origins, ["https://a", "https://b"]);
+    }
+
+    #[test]
+    fn a_non_admin_may_pick_the_default_model_when_none_is_configured() {
+        let config = load(&[]).unwrap();
+        assert_eq!(
+            config.models.default_model,
+            agentloop_lifecycle::DEFAULT_MODEL
+        );
+        assert!(config.models.listed(agentloop_lifecycle::DEFAULT_MODEL));
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub enum GatewayError {
     /// `[memory] url` is not a valid URI, or its TLS settings cannot be used.
     #[error(transparent)]
     MemoryUrl(#[from] agentloop_lifecycle::MemoryEndpointError),
-    /// A token is a placeholder (`CHANGE_ME`, the development token) outside dev mode.
+    /// A token is the development token outside dev mode (`CHANGE_ME` the loader refuses).
     #[error(
         "gateway.tokens holds the placeholder token {token:?}: set a real secret, or \
          gateway.dev_mode = true (AGENTLOOP_GATEWAY__DEV_MODE=true) for development only"

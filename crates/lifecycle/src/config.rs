@@ -1,15 +1,26 @@
-//! One TOML file for every service, each key overridable by `AGENTLOOP_<SECTION>__<KEY>`.
+//! One TOML file for every service, each key overridable by `AGENTLOOP_<SECTION>__<KEY>` (each
+//! further `__` one level deeper: `AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN`).
 //!
 //! Each service deserializes the whole merged document into its own config type and takes the
 //! sections it needs, so one file configures a whole stack. A name that no config type of the
-//! program reads is refused (`config_check`), and so is a value that does not fit.
+//! program reads is refused (`config_check`), and so is a value that does not fit, and a value
+//! still holding the placeholder the shipped manifests carry.
 
 use serde::de::DeserializeOwned;
 use toml::{Table, Value};
 
-use crate::config_check::{UnknownNames, unknown_names};
+use crate::config_check::{UnknownNames, display, unknown_names};
 use crate::config_env::{ALIASES, Variable, classify};
-use crate::config_schema::Schema;
+use crate::config_schema::{Schema, Segment};
+
+/// What `deploy/base` and the examples ship in place of secrets; a process started with it
+/// would run against a database or provider with a guessable credential, or fail much later.
+const PLACEHOLDER: &str = "CHANGE_ME";
+
+/// The model a session uses when neither it, its agent nor `models.default_model` names one,
+/// as `provider/model`. One literal for every service: a gateway and a router disagreeing on
+/// it refuse the real default to non-admins.
+pub const DEFAULT_MODEL: &str = "openai/gpt-4o-mini";
 
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +49,16 @@ pub enum ConfigError {
     /// Keys or `AGENTLOOP_*` variables that no part of the program reads: a typo, most likely.
     #[error("{0}")]
     Unknown(UnknownNames),
+    /// Values that still hold the placeholder `CHANGE_ME`.
+    #[error(
+        "the placeholder CHANGE_ME is still in {}: replace it with the real value",
+        .keys.join(", ")
+    )]
+    Placeholder {
+        /// Each key holding it, as a dotted path with the variable that set it, if one did;
+        /// never the value, which is a secret more often than not.
+        keys: Vec<String>,
+    },
 }
 
 /// Splits comma-separated text into its trimmed, non-empty items.
@@ -188,7 +209,8 @@ pub fn load_config<T: DeserializeOwned>() -> Result<T, ConfigError> {
 ///
 /// # Errors
 /// A [`ConfigError`] when the file is unreadable, names a key or variable that no config type
-/// of the program reads ([`ConfigError::Unknown`]), or the merged values don't fit `T`.
+/// of the program reads ([`ConfigError::Unknown`]), a merged value holds the placeholder
+/// `CHANGE_ME` ([`ConfigError::Placeholder`]), or the merged values don't fit `T`.
 pub fn load_config_from<T: DeserializeOwned>(
     path: Option<&str>,
     env: impl IntoIterator<Item = (String, String)>,
@@ -217,27 +239,97 @@ pub fn load_config_from<T: DeserializeOwned>(
     }
     for (name, section, key) in ALIASES {
         if let Some((_, value)) = env.iter().find(|(k, _)| k == name) {
-            set(&mut table, section, key, Value::String(value.clone()));
+            set(&mut table, &[section, key], Value::String(value.clone()));
         }
     }
     for (name, value) in &env {
-        if let Variable::Key { section, key } = classify(name) {
-            set(&mut table, &section, &key, parse_env_value(value));
+        if let Variable::Key(path) = classify(name) {
+            set(&mut table, &path, parse_env_value(value));
         }
+    }
+    let mut placeholders = Vec::new();
+    table_placeholders(&table, &mut Vec::new(), &mut placeholders);
+    if !placeholders.is_empty() {
+        let keys = placeholders
+            .iter()
+            .map(|path| match set_by(path, &env) {
+                Some(variable) => format!("`{}` (set by {variable})", display(path)),
+                None => format!("`{}`", display(path)),
+            })
+            .collect();
+        return Err(ConfigError::Placeholder { keys });
     }
     T::deserialize(Value::Table(table)).map_err(ConfigError::Invalid)
 }
 
-fn set(table: &mut Table, section: &str, key: &str, value: Value) {
-    let entry = table
-        .entry(section.to_owned())
-        .or_insert_with(|| Value::Table(Table::new()));
-    if !entry.is_table() {
-        *entry = Value::Table(Table::new());
+/// Sets the key at `path` (never empty), creating the tables on the way; a value on the way
+/// that is no table is replaced, since the variable names a key below it.
+fn set<S: AsRef<str>>(table: &mut Table, path: &[S], value: Value) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut table = table;
+    for parent in parents {
+        let entry = table
+            .entry(parent.as_ref().to_owned())
+            .or_insert_with(|| Value::Table(Table::new()));
+        if !entry.is_table() {
+            *entry = Value::Table(Table::new());
+        }
+        let Value::Table(inner) = entry else {
+            return;
+        };
+        table = inner;
     }
-    if let Value::Table(section) = entry {
-        section.insert(key.to_owned(), value);
+    table.insert(last.as_ref().to_owned(), value);
+}
+
+/// Collects the path of every string in `table` (at `path`) that holds [`PLACEHOLDER`], at
+/// any depth and in lists too: a secret may sit in a list of tables (`[[models.profiles]]`).
+fn table_placeholders(table: &Table, path: &mut Vec<Segment>, out: &mut Vec<Vec<Segment>>) {
+    for (key, value) in table {
+        path.push(Segment::Key(key.clone()));
+        value_placeholders(value, path, out);
+        path.pop();
     }
+}
+
+fn value_placeholders(value: &Value, path: &mut Vec<Segment>, out: &mut Vec<Vec<Segment>>) {
+    match value {
+        Value::String(text) if text.contains(PLACEHOLDER) => out.push(path.clone()),
+        Value::Table(table) => table_placeholders(table, path, out),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                path.push(Segment::Index(i));
+                value_placeholders(item, path, out);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Returns the variable among `env` whose value ended up at `path`: an `AGENTLOOP_*` one,
+/// applied last, else an alias. None: the value is the file's.
+fn set_by<'a>(path: &[Segment], env: &'a [(String, String)]) -> Option<&'a str> {
+    let keys: Vec<&str> = path
+        .iter()
+        .map(|segment| match segment {
+            Segment::Key(key) => Some(key.as_str()),
+            // Variables set strings, never lists: a position comes from the file.
+            Segment::Index(_) => None,
+        })
+        .collect::<Option<_>>()?;
+    let variable = env
+        .iter()
+        .find(|(name, _)| matches!(classify(name), Variable::Key(p) if p == keys));
+    let alias = || {
+        ALIASES
+            .iter()
+            .filter(|(_, section, key)| keys == [*section, *key])
+            .find_map(|(alias, _, _)| env.iter().find(|(name, _)| name == alias))
+    };
+    variable.or_else(alias).map(|(name, _)| name.as_str())
 }
 
 /// Environment values are strings; numbers and booleans are typed so numeric settings parse.
@@ -273,6 +365,32 @@ mod tests {
     #[serde(default)]
     struct Runner {
         lease_ttl_ms: u64,
+        hooks: Vec<Hook>,
+    }
+
+    #[derive(Debug, serde::Deserialize, Default)]
+    struct Hook {
+        #[allow(dead_code)]
+        subject: String,
+    }
+
+    #[derive(Debug, serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Telegram {
+        bot_token: String,
+        api_url: String,
+    }
+
+    #[derive(Debug, serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Channels {
+        telegram: Telegram,
+    }
+
+    #[derive(Debug, serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Agent {
+        model: String,
     }
 
     #[derive(Debug, serde::Deserialize, Default)]
@@ -280,6 +398,16 @@ mod tests {
     struct Cfg {
         bus: Bus,
         runner: Runner,
+        channels: Channels,
+        agents: std::collections::BTreeMap<String, Agent>,
+    }
+
+    fn write_file(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("agentloop-cfg-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        path
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -346,6 +474,81 @@ mod tests {
         // `[telemetry]` is not `Cfg`'s, but another config type of the program reads it.
         std::fs::write(&path, "[telemetry]\nlog_level = \"debug\"\n").unwrap();
         load_config_from::<Cfg>(path.to_str(), env(&[("AGENTLOOP_CONFIG", "c.toml")])).unwrap();
+    }
+
+    #[test]
+    fn each_double_underscore_of_a_variable_is_one_level_deeper() {
+        let path = write_file("nested", "[channels.telegram]\napi_url = \"http://file\"\n");
+        let cfg: Cfg = load_config_from(
+            path.to_str(),
+            env(&[
+                ("AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN", "123:abc"),
+                ("AGENTLOOP_AGENTS__MAIN__MODEL", "openai/x"),
+                ("AGENTLOOP_RUNNER__LEASE_TTL_MS", "7"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(cfg.channels.telegram.bot_token, "123:abc");
+        assert_eq!(cfg.channels.telegram.api_url, "http://file");
+        assert_eq!(cfg.agents["main"].model, "openai/x");
+        assert_eq!(cfg.runner.lease_ttl_ms, 7);
+    }
+
+    #[test]
+    fn a_deeper_unknown_variable_is_refused_with_the_closest_valid_name() {
+        let err = load_config_from::<Cfg>(
+            None,
+            env(&[
+                ("AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKN", "x"),
+                ("AGENTLOOP_AGENTS__MAIN__MODLE", "x"),
+                ("AGENTLOOP_CHANNELS__TELEGRM__BOT_TOKEN", "x"),
+                ("AGENTLOOP_RUNNER____LEASE_TTL_MS", "1"),
+                ("AGENTLOOP_RUNNER__LEASE_TTL_MS__", "1"),
+            ]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown environment variable `AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKN`; did you mean `AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN`?\n\
+             unknown environment variable `AGENTLOOP_AGENTS__MAIN__MODLE`; did you mean `AGENTLOOP_AGENTS__MAIN__MODEL`?\n\
+             unknown environment variable `AGENTLOOP_CHANNELS__TELEGRM__BOT_TOKEN`; did you mean `AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN`?\n\
+             unknown environment variable `AGENTLOOP_RUNNER____LEASE_TTL_MS`; did you mean `AGENTLOOP_RUNNER__LEASE_TTL_MS`?\n\
+             unknown environment variable `AGENTLOOP_RUNNER__LEASE_TTL_MS__`; did you mean `AGENTLOOP_RUNNER__LEASE_TTL_MS`?"
+        );
+    }
+
+    #[test]
+    fn a_placeholder_anywhere_is_refused_by_its_key_without_its_value() {
+        let path = write_file(
+            "placeholder",
+            "[bus]\nurl = \"nats://ok:4222\"\n[[runner.hooks]]\nsubject = \"hooks.CHANGE_ME\"\n",
+        );
+        let err = load_config_from::<Cfg>(
+            path.to_str(),
+            env(&[
+                (
+                    "DATABASE_URL",
+                    "postgres://agentloop:CHANGE_ME@db/agentloop",
+                ),
+                ("AGENTLOOP_BUS__PREFIX", "CHANGE_ME"),
+                ("AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN", "CHANGE_ME"),
+            ]),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::Placeholder { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "the placeholder CHANGE_ME is still in `bus.prefix` (set by AGENTLOOP_BUS__PREFIX), \
+             `channels.telegram.bot_token` (set by AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN), \
+             `memory.database_url` (set by DATABASE_URL), `runner.hooks[0].subject`: \
+             replace it with the real value"
+        );
+        assert!(!format!("{err:?}").contains("postgres://"), "{err:?}");
+        // A real value given by the environment replaces the file's placeholder.
+        let path = write_file("placeholder-fixed", "[bus]\nprefix = \"CHANGE_ME\"\n");
+        let cfg: Cfg =
+            load_config_from(path.to_str(), env(&[("AGENTLOOP_BUS__PREFIX", "real")])).unwrap();
+        assert_eq!(cfg.bus.prefix, "real");
     }
 
     #[test]

@@ -71,10 +71,8 @@ pub(crate) fn unknown_names<'a>(
     let mut unknown = Vec::new();
     unknown_keys(file, &mut Vec::new(), schemas, &mut unknown);
     for name in variables {
-        let path = match config_env::classify(name) {
-            config_env::Variable::Key { section, key } => {
-                vec![Segment::Key(section), Segment::Key(key)]
-            }
+        let path: Vec<Segment> = match config_env::classify(name) {
+            config_env::Variable::Key(keys) => keys.into_iter().map(Segment::Key).collect(),
             config_env::Variable::Unknown => Vec::new(),
             config_env::Variable::Other => continue,
         };
@@ -82,7 +80,7 @@ pub(crate) fn unknown_names<'a>(
         if !known {
             unknown.push(UnknownName::Variable {
                 name: name.to_owned(),
-                closest: closest(name, &valid_variables(schemas)),
+                closest: closest(name, &valid_variables(schemas, &path)),
             });
         }
     }
@@ -162,16 +160,54 @@ fn fields_at(schemas: &[Schema], path: &[Segment]) -> Vec<String> {
     fields
 }
 
-/// Returns every variable that sets a key: `AGENTLOOP_<SECTION>__<KEY>` for each key of each
-/// section, and the names that are not config.
-fn valid_variables(schemas: &[Schema]) -> Vec<String> {
+/// How deep the variables offered as the closest valid name go: deep enough for
+/// `AGENTLOOP_AGENTS__<ID>__<KEY>` and the tables of a channel, and a bound should a config
+/// type ever contain itself.
+const SUGGESTION_DEPTH: usize = 4;
+
+/// Returns the variables to suggest for the unknown variable whose key path is `given` (empty
+/// when it is no path at all): every `AGENTLOOP_<SECTION>__<KEY>[__<KEY>...]` down struct
+/// fields, and the names that are not config. The keys of a map are the user's, so below one
+/// the key `given` has at that level is taken, and none is made up when it has none.
+fn valid_variables(schemas: &[Schema], given: &[Segment]) -> Vec<String> {
     let mut names: Vec<String> = config_env::not_config().map(str::to_owned).collect();
-    for section in fields_at(schemas, &[]) {
-        for key in fields_at(schemas, &[Segment::Key(section.clone())]) {
-            names.push(config_env::variable_name(&section, &key));
-        }
-    }
+    let mut path = Vec::new();
+    variables_below(schemas, given, &mut path, &mut names);
     names
+}
+
+fn variables_below(
+    schemas: &[Schema],
+    given: &[Segment],
+    path: &mut Vec<Segment>,
+    out: &mut Vec<String>,
+) {
+    if path.len() >= SUGGESTION_DEPTH {
+        return;
+    }
+    let mut keys = fields_at(schemas, path);
+    let map = schemas
+        .iter()
+        .any(|schema| schema.shape_at(path) == Shape::Map);
+    if map && let Some(Segment::Key(key)) = given.get(path.len()) {
+        keys.push(key.clone());
+    }
+    for key in keys {
+        path.push(Segment::Key(key));
+        // A section alone (`AGENTLOOP_RUNNER`) sets nothing, so it is no suggestion.
+        if path.len() > 1 {
+            let keys: Vec<&str> = path
+                .iter()
+                .filter_map(|segment| match segment {
+                    Segment::Key(key) => Some(key.as_str()),
+                    Segment::Index(_) => None,
+                })
+                .collect();
+            out.push(config_env::variable_name(&keys));
+        }
+        variables_below(schemas, given, path, out);
+        path.pop();
+    }
 }
 
 /// Returns the candidate closest to `name` by edit distance (a swap counts once); the first
@@ -184,7 +220,7 @@ fn closest(name: &str, candidates: &[String]) -> Option<String> {
 }
 
 /// Writes a path as TOML would: dotted keys, quoted where not bare, `[i]` for positions.
-fn display(path: &[Segment]) -> String {
+pub(crate) fn display(path: &[Segment]) -> String {
     let mut text = String::new();
     for segment in path {
         match segment {

@@ -1,5 +1,6 @@
-//! Which environment variables are configuration: `AGENTLOOP_<SECTION>__<KEY>`, a few
-//! conventional names of other ecosystems, and the `AGENTLOOP_*` names that are not config.
+//! Which environment variables are configuration: `AGENTLOOP_<SECTION>__<KEY>` (each further
+//! `__` one level deeper), a few conventional names of other ecosystems, and the `AGENTLOOP_*`
+//! names that are not config.
 
 /// Conventional variables of other ecosystems, mapped onto config keys. `AGENTLOOP_*__*` wins.
 pub(crate) const ALIASES: &[(&str, &str, &str)] = &[
@@ -34,13 +35,9 @@ const SEPARATOR: &str = "__";
 /// What one environment variable is to the configuration.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Variable {
-    /// `AGENTLOOP_<SECTION>__<KEY>`: sets `key` of `[section]` (both lowercased).
-    Key {
-        /// The section.
-        section: String,
-        /// The key in it.
-        key: String,
-    },
+    /// `AGENTLOOP_<SECTION>__<KEY>[__<KEY>...]`: sets the key at this path, each segment
+    /// lowercased (`AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN` is `channels.telegram.bot_token`).
+    Key(Vec<String>),
     /// An `AGENTLOOP_*` name that is none of the known ones.
     Unknown,
     /// Not configuration, or read as an alias.
@@ -52,11 +49,13 @@ pub(crate) fn classify(name: &str) -> Variable {
     let Some(rest) = name.strip_prefix(PREFIX) else {
         return Variable::Other;
     };
-    if let Some((section, key)) = rest.split_once(SEPARATOR) {
-        return Variable::Key {
-            section: section.to_ascii_lowercase(),
-            key: key.to_ascii_lowercase(),
-        };
+    if rest.contains(SEPARATOR) {
+        let path: Vec<String> = rest.split(SEPARATOR).map(str::to_ascii_lowercase).collect();
+        // `AGENTLOOP_RUNNER____X` or a trailing `__` names no key: a typo, not a table's key "".
+        if path.iter().any(String::is_empty) {
+            return Variable::Unknown;
+        }
+        return Variable::Key(path);
     }
     // nats-server reads each service user's password from its own variable
     // (`deploy/base/nats/agentloop-auth.conf`).
@@ -70,13 +69,13 @@ pub(crate) fn classify(name: &str) -> Variable {
     }
 }
 
-/// Returns the variable that sets `key` of `[section]`.
-pub(crate) fn variable_name(section: &str, key: &str) -> String {
-    format!(
-        "{PREFIX}{}{SEPARATOR}{}",
-        section.to_ascii_uppercase(),
-        key.to_ascii_uppercase()
-    )
+/// Returns the variable that sets the key at `path` (section first).
+pub(crate) fn variable_name<S: AsRef<str>>(path: &[S]) -> String {
+    let segments: Vec<String> = path
+        .iter()
+        .map(|segment| segment.as_ref().to_ascii_uppercase())
+        .collect();
+    format!("{PREFIX}{}", segments.join(SEPARATOR))
 }
 
 /// Returns the `AGENTLOOP_*` names that are valid without being `<SECTION>__<KEY>`.
@@ -96,10 +95,7 @@ mod tests {
     fn section_keys_known_names_and_the_rest_are_told_apart() {
         assert_eq!(
             classify("AGENTLOOP_RUNNER__MAX_TURNS"),
-            Variable::Key {
-                section: "runner".to_owned(),
-                key: "max_turns".to_owned()
-            }
+            Variable::Key(vec!["runner".to_owned(), "max_turns".to_owned()])
         );
         for other in [
             "AGENTLOOP_CONFIG",
@@ -119,8 +115,40 @@ mod tests {
             assert_eq!(classify(unknown), Variable::Unknown, "{unknown}");
         }
         assert_eq!(
-            variable_name("runner", "max_turns"),
+            variable_name(&["runner", "max_turns"]),
             "AGENTLOOP_RUNNER__MAX_TURNS"
+        );
+    }
+
+    #[test]
+    fn each_double_underscore_is_one_level_deeper_and_an_empty_level_is_unknown() {
+        assert_eq!(
+            classify("AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN"),
+            Variable::Key(vec![
+                "channels".to_owned(),
+                "telegram".to_owned(),
+                "bot_token".to_owned()
+            ])
+        );
+        assert_eq!(
+            classify("AGENTLOOP_AGENTS__MAIN__MODEL"),
+            Variable::Key(vec![
+                "agents".to_owned(),
+                "main".to_owned(),
+                "model".to_owned()
+            ])
+        );
+        for unknown in [
+            "AGENTLOOP_RUNNER____X",
+            "AGENTLOOP_RUNNER__X__",
+            "AGENTLOOP_RUNNER__",
+            "AGENTLOOP___X",
+        ] {
+            assert_eq!(classify(unknown), Variable::Unknown, "{unknown}");
+        }
+        assert_eq!(
+            variable_name(&["channels", "telegram", "bot_token"]),
+            "AGENTLOOP_CHANNELS__TELEGRAM__BOT_TOKEN"
         );
     }
 }

@@ -13,8 +13,8 @@ mod retry;
 
 pub use admin::{AdminError, AdminServer, admin_routes, run_with_admin};
 pub use config::{
-    ConfigError, MemoryEndpoint, MemoryEndpointError, config_path_from_args, list_or_commas,
-    load_config, load_config_from, split_commas,
+    ConfigError, DEFAULT_MODEL, MemoryEndpoint, MemoryEndpointError, config_path_from_args,
+    list_or_commas, load_config, load_config_from, split_commas,
 };
 pub use config_check::{UnknownName, UnknownNames};
 pub use config_schema::Schema;

@@ -65,7 +65,7 @@ pub struct AuthProfile {
 impl Default for ModelsConfig {
     fn default() -> Self {
         Self {
-            default_model: "openai/gpt-4o-mini".to_owned(),
+            default_model: agentloop_lifecycle::DEFAULT_MODEL.to_owned(),
             openai_base_url: "https://api.openai.com/v1".to_owned(),
             openai_api_key: None,
             anthropic_base_url: "https://api.anthropic.com".to_owned(),

@@ -40,13 +40,14 @@ pub struct ModelDefaults {
     /// The global default `provider/model`.
     pub default_model: String,
     /// When not empty, the only models a session may use.
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub allowlist: Vec<String>,
 }
 
 impl Default for ModelDefaults {
     fn default() -> Self {
         Self {
-            default_model: "openai/gpt-4o-mini".to_owned(),
+            default_model: agentloop_lifecycle::DEFAULT_MODEL.to_owned(),
             allowlist: Vec::new(),
         }
     }
@@ -87,5 +88,31 @@ impl Default for RouterSettings {
             depth_interval_ms: 15_000,
             keep_order: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(env: &[(&str, &str)]) -> RouterConfig {
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        agentloop_lifecycle::load_config_from(None, env).unwrap()
+    }
+
+    #[test]
+    fn the_allowlist_comes_as_comma_separated_text_from_the_environment() {
+        let config = load(&[("AGENTLOOP_MODELS__ALLOWLIST", "openai/a, openai/b")]);
+        assert_eq!(config.models.allowlist, ["openai/a", "openai/b"]);
+    }
+
+    #[test]
+    fn the_default_model_is_the_shared_one_unless_configured() {
+        assert_eq!(
+            load(&[]).models.default_model,
+            agentloop_lifecycle::DEFAULT_MODEL
+        );
+        let config = load(&[("AGENTLOOP_MODEL", "openai/x")]);
+        assert_eq!(config.models.default_model, "openai/x");
     }
 }
