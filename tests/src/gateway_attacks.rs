@@ -252,3 +252,38 @@ async fn a_trusted_proxy_forwards_its_clients_address_and_an_untrusted_peer_cann
     elsewhere.stop().await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_key_pair_spelled_like_another_sessions_does_not_swallow_its_message() {
+    // Arrange: session keys hold `:`, so ("agent", "main:x:k") once made the same stream
+    // message id as ("agent:main:x", "k"), and the stream dropped the second as a duplicate.
+    let sandbox = Sandbox::start().await.unwrap();
+    Client::connected(&sandbox, None).await.unwrap(); // memory ready
+    let url = format!("http://{}/v1/chat/completions", sandbox.gateway_addr);
+    let http = reqwest::Client::new();
+    let send = |session: &'static str, key: &'static str, text: &'static str| {
+        let request = http
+            .post(&url)
+            .header("x-session-key", session)
+            .header("idempotency-key", key)
+            .json(&json!({"model": "agentloop",
+                          "messages": [{"role": "user", "content": text}]}))
+            .timeout(std::time::Duration::from_secs(20));
+        async move {
+            let answer: Value = request.send().await.unwrap().json().await.unwrap();
+            answer["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        }
+    };
+
+    // Act: the attacker's message first, the victim's within the stream's duplicate window.
+    let planted = send("agent", "main:x:k", "planted").await;
+    let victim = send("agent:main:x", "k", "the victim's").await;
+
+    // Assert: each session got its own message answered.
+    assert_eq!(planted, "echo: planted");
+    assert_eq!(victim, "echo: the victim's");
+    sandbox.shutdown().await.unwrap();
+}

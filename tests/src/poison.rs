@@ -220,3 +220,106 @@ async fn provider_error_body(sandbox: &Sandbox, key: &str) -> String {
         .await
         .unwrap()
 }
+
+#[tokio::test]
+async fn an_idempotency_key_with_a_line_break_is_routed_and_answered_once() {
+    // Arrange: the key becomes part of a stream message id, which travels as a header.
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    let mut dead = sandbox.subscribe("dlq.>").await;
+    let key = "a\r\nNats-Expected-Stream: nowhere";
+
+    // Act: the message twice under that key, then another.
+    for _ in 0..2 {
+        sandbox
+            .publish_json(
+                "cli",
+                json!({"sessionKey": "crlf", "text": "first", "idempotencyKey": key}),
+            )
+            .await
+            .unwrap();
+    }
+    let first = next_reply(&mut replies, WAIT).await.unwrap();
+    sandbox.say("crlf", "second").await.unwrap();
+    let second = next_reply(&mut replies, WAIT).await.unwrap();
+
+    // Assert: answered, once, and nothing dead-lettered.
+    assert_eq!(first.text, "echo: first");
+    assert_eq!(second.text, "echo: second");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), dead.next())
+            .await
+            .is_err(),
+        "a dead letter appeared"
+    );
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_message_too_large_to_dead_letter_whole_is_kept_cut_to_fit_with_its_size() {
+    // Arrange: an undecodable payload at the server's limit, so the letter's own headers
+    // would push it past.
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut dead = sandbox.subscribe("dlq.>").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    let garbage = vec![0xffu8; sandbox.client.server_info().max_payload - 64];
+
+    // Act
+    sandbox
+        .client
+        .publish(sandbox.subject("inbound.cli"), garbage.clone().into())
+        .await
+        .unwrap();
+    let letter = tokio::time::timeout(WAIT, dead.next())
+        .await
+        .expect("no dead letter")
+        .unwrap();
+    sandbox.say("after-the-big-one", "hello").await.unwrap();
+    let reply = next_reply(&mut replies, WAIT).await.unwrap();
+
+    // Assert: kept, cut, marked with the original size; the next message is answered.
+    let truncated = letter
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(agentloop_bus::HEADER_TRUNCATED))
+        .map(|v| v.as_str().to_owned());
+    assert_eq!(truncated, Some(garbage.len().to_string()));
+    assert!(
+        letter.payload.len() < garbage.len() && letter.payload.len() > garbage.len() / 2,
+        "{} bytes kept",
+        letter.payload.len()
+    );
+    assert!(letter.payload.iter().all(|b| *b == 0xff));
+    assert!(!crate::harness::dead_letter_reason(&letter).is_empty());
+    assert_eq!(reply.text, "echo: hello");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_run_command_published_as_json_runs_and_is_answered() {
+    // Arrange: a session that exists, and its id.
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    sandbox.say("by-hand", "first").await.unwrap();
+    let first = next_reply(&mut replies, WAIT).await.unwrap();
+    let js = async_nats::jetstream::new(sandbox.client.clone());
+
+    // Act: a RunCommand typed as JSON (as `agentloop dlq retry --edit` republishes one).
+    let command = json!({"sessionId": first.session_id, "sessionKey": "by-hand",
+                         "channel": "cli", "text": "typed as JSON",
+                         "idempotencyKey": "by-hand-1"});
+    js.publish(
+        sandbox.subject(&format!("run.{}", first.session_id)),
+        command.to_string().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let reply = next_reply(&mut replies, WAIT).await.unwrap();
+
+    // Assert
+    assert_eq!(reply.text, "echo: typed as JSON", "{reply:?}");
+    assert!(reply.error.is_empty(), "{reply:?}");
+    sandbox.shutdown().await.unwrap();
+}

@@ -13,7 +13,7 @@ use agentloop_bus::DeadReason;
 use agentloop_proto::v1::{
     ClaimSessionRequest, ControlMessage, EnqueueRequest, InboxRow, RunCommand,
 };
-use agentloop_proto::{ControlAction, InboxKind, QueueMode};
+use agentloop_proto::{ControlAction, Encoding, InboxKind, QueueMode};
 
 use crate::error::MemoryCallError;
 use crate::order::Turn;
@@ -80,7 +80,12 @@ async fn enqueue(replica: &Arc<Replica>, msg: jetstream::Message, command: RunCo
         session_id: command.session_id.clone(),
         idempotency_key: command.idempotency_key.clone(),
         kind: kind.as_str().to_owned(),
-        payload: msg.payload.to_vec(),
+        // The owner reads the inbox as protobuf: a command that came as JSON (a person's, or
+        // `agentloop dlq retry --edit`) is stored re-encoded, or its run could never start.
+        payload: match agentloop_bus::encoding(&msg) {
+            Encoding::Proto => msg.payload.to_vec(),
+            Encoding::Json => prost::Message::encode_to_vec(&command),
+        },
         claim_owner: if replica.stopping.is_cancelled() {
             String::new()
         } else {

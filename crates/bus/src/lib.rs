@@ -48,6 +48,9 @@ pub const HEADER_ERROR: &str = "Agentloop-Error";
 pub const HEADER_ORIGINAL_SUBJECT: &str = "Agentloop-Original-Subject";
 /// Header naming the service that dead-lettered a message.
 pub const HEADER_SERVICE: &str = "Agentloop-Service";
+/// Header on a dead letter whose original was too large to keep whole: the original's size in
+/// bytes (its payload is cut to fit the server's `max_payload`).
+pub const HEADER_TRUNCATED: &str = "Agentloop-Truncated";
 /// The oldest nats-server this code runs against (older ones drop stream settings silently).
 pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
 /// Waiting for NATS at startup: until it answers or the service is stopped.
@@ -341,12 +344,19 @@ pub fn decode<T>(msg: &Message) -> Result<(T, Encoding), DecodeError>
 where
     T: prost::Message + Default + DeserializeOwned,
 {
-    let content_type = msg
-        .headers
+    agentloop_proto::decode(content_type(msg), &msg.payload)
+}
+
+/// Returns the encoding `msg`'s payload is in: its `Content-Type`, else what its first byte says.
+pub fn encoding(msg: &Message) -> Encoding {
+    Encoding::detect(content_type(msg), &msg.payload)
+}
+
+fn content_type(msg: &Message) -> Option<&str> {
+    msg.headers
         .as_ref()
         .and_then(|h| h.get("Content-Type").or_else(|| h.get("content-type")))
-        .map(|v| v.as_str());
-    agentloop_proto::decode(content_type, &msg.payload)
+        .map(|v| v.as_str())
 }
 
 /// Decodes a message read from a stream (not delivered by a consumer) as `T`, honouring its

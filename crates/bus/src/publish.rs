@@ -10,10 +10,11 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use agentloop_lifecycle::{Backoff, retry};
-use agentloop_proto::{Encoding, v1::SystemEvent};
+use agentloop_proto::{Encoding, header_safe_msg_id, v1::SystemEvent};
 
 use crate::{
-    Bus, BusError, HEADER_ERROR, HEADER_ORIGINAL_SUBJECT, HEADER_SERVICE, error_chain, nuid,
+    Bus, BusError, HEADER_ERROR, HEADER_ORIGINAL_SUBJECT, HEADER_SERVICE, HEADER_TRUNCATED,
+    error_chain, nuid,
 };
 
 /// What a stream did with a published message.
@@ -45,7 +46,7 @@ impl Bus {
             .payload(Bytes::from(msg.encode_to_vec()))
             .headers(wire_headers(Encoding::Proto));
         if let Some(id) = msg_id {
-            publish = publish.message_id(id);
+            publish = publish.message_id(header_safe_msg_id(id));
         }
         self.send_confirmed(&subject, publish)
             .await
@@ -69,7 +70,7 @@ impl Bus {
         let publish = Publish::build()
             .payload(Bytes::from(msg.encode_to_vec()))
             .headers(wire_headers(Encoding::Proto))
-            .message_id(msg_id);
+            .message_id(header_safe_msg_id(msg_id));
         self.send_confirmed(&subject, publish)
             .await
             .map_err(|e| publish_error(&subject, &e))
@@ -112,7 +113,7 @@ impl Bus {
             .headers(wire_headers(encoding));
         // A retry after a lost confirmation carries the same id, so the stream keeps one copy.
         if let Some(id) = msg_id {
-            publish = publish.message_id(id);
+            publish = publish.message_id(header_safe_msg_id(id));
         }
         self.send_confirmed(&subject, publish)
             .await
@@ -207,24 +208,23 @@ impl Bus {
         payload: Bytes,
         reason: &str,
     ) -> Result<(), BusError> {
-        // A redelivered original must not be mistaken for a duplicate dead letter, so its
-        // JetStream message id is not carried over.
-        let mut headers = HeaderMap::new();
-        if let Some(original) = original_headers {
-            for (name, values) in original.iter() {
-                if name.to_string() == "Nats-Msg-Id" {
-                    continue;
-                }
-                for value in values {
-                    headers.append(name.clone(), value.clone());
-                }
-            }
+        let max_payload = self.client.server_info().max_payload;
+        let mut headers = letter_headers(service, original_subject, original_headers, reason);
+        if fitting_payload(max_payload, &headers) == 0 {
+            // The original's headers alone fill the limit: the letter keeps only its own.
+            headers = letter_headers(service, original_subject, None, reason);
         }
-        // Header values cannot hold line breaks.
-        let reason_line = reason.replace(['\r', '\n'], " ");
-        headers.insert(HEADER_ERROR, reason_line.as_str());
-        headers.insert(HEADER_ORIGINAL_SUBJECT, original_subject);
-        headers.insert(HEADER_SERVICE, service);
+        // An original near the server's limit no longer fits with the reason added, and a dead
+        // letter the server refuses would leave the message coming back until its deliveries
+        // ran out, kept nowhere: it is kept cut to fit instead, its size in a header.
+        let room = fitting_payload(max_payload, &headers);
+        let payload = if payload.len() > room {
+            headers.insert(HEADER_TRUNCATED, payload.len().to_string().as_str());
+            // The size header was not counted in `room`; the slack holds it.
+            payload.slice(..room)
+        } else {
+            payload
+        };
         let subject = self.subjects.dlq(original_subject);
         let publish = Publish::build().payload(payload).headers(headers);
         self.send_confirmed(&subject, publish)
@@ -268,6 +268,56 @@ fn publish_retryable(kind: async_nats::jetstream::context::PublishErrorKind) -> 
     )
 }
 
+/// The headers of a dead letter: the original's (but its message id: a redelivered original
+/// must not be mistaken for a duplicate dead letter), the reason, where it came from and who
+/// refused it.
+fn letter_headers(
+    service: &str,
+    original_subject: &str,
+    original_headers: Option<&HeaderMap>,
+    reason: &str,
+) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Some(original) = original_headers {
+        for (name, values) in original.iter() {
+            if name.to_string() == "Nats-Msg-Id" {
+                continue;
+            }
+            for value in values {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    // Header values cannot hold line breaks, and a reason quoting its input is cut short.
+    let reason = &reason[..reason.floor_char_boundary(MAX_REASON_LEN)];
+    let reason_line = reason.replace(['\r', '\n'], " ");
+    headers.insert(HEADER_ERROR, reason_line.as_str());
+    headers.insert(HEADER_ORIGINAL_SUBJECT, original_subject);
+    headers.insert(HEADER_SERVICE, service);
+    headers
+}
+
+/// Longest reason a dead letter's header carries, in bytes.
+const MAX_REASON_LEN: usize = 2048;
+
+/// Bytes kept free beside the headers counted by [`fitting_payload`] (the protocol's own
+/// framing, a header added later).
+const HEADER_SLACK: usize = 128;
+
+/// The largest payload that fits in `max_payload` beside `headers`, as the NATS protocol
+/// counts them (`NATS/1.0` line, `Name: value` lines, blank line); 0 when the headers alone
+/// leave no room.
+fn fitting_payload(max_payload: usize, headers: &HeaderMap) -> usize {
+    let mut header_bytes = "NATS/1.0\r\n\r\n".len();
+    for (name, values) in headers.iter() {
+        for value in values {
+            let name: &[u8] = name.as_ref();
+            header_bytes += name.len() + ": \r\n".len() + value.as_str().len();
+        }
+    }
+    max_payload.saturating_sub(header_bytes + HEADER_SLACK)
+}
+
 /// Headers of every payload agentloop publishes: its encoding and the current trace.
 fn wire_headers(encoding: Encoding) -> HeaderMap {
     let mut headers = HeaderMap::new();
@@ -286,6 +336,19 @@ fn publish_error(subject: &str, err: &dyn std::error::Error) -> BusError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_payload_fits_beside_its_headers_within_the_limit() {
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_ERROR, "x".repeat(100).as_str());
+        let room = fitting_payload(1024, &headers);
+        // 12 bytes of framing, the header's line, and the slack.
+        assert_eq!(
+            room,
+            1024 - (12 + HEADER_ERROR.len() + 4 + 100) - HEADER_SLACK
+        );
+        assert_eq!(fitting_payload(100, &headers), 0);
+    }
 
     #[test]
     fn only_a_missing_leader_or_a_lost_answer_is_retried() {

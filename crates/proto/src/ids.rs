@@ -2,11 +2,18 @@
 //! retried publish a duplicate the stream drops) and transcript entry keys (which make a
 //! repeated write a no-op). Written here once, so two services never spell one id two ways.
 
-use std::fmt;
+use std::borrow::Cow;
+use std::fmt::{self, Write as _};
+
+use sha2::Digest;
 
 /// The message id of an InboundMessage: one per (session key, idempotency key).
+///
+/// Session keys hold `:` themselves, so the key's length comes first: without it
+/// (`agent`, `main:x:k`) and (`agent:main:x`, `k`) would share an id, and the stream would
+/// drop the second as a duplicate of the first.
 pub fn inbound_msg_id(session_key: &str, idempotency_key: &str) -> String {
-    format!("{session_key}:{idempotency_key}")
+    format!("{}:{session_key}:{idempotency_key}", session_key.len())
 }
 
 /// The idempotency key of an inbound message that came without one: its position in the inbound
@@ -17,7 +24,29 @@ pub fn stream_idempotency_key(stream_sequence: u64) -> String {
 
 /// The message id of a RunCommand: one per (session, idempotency key).
 pub fn run_command_msg_id(session_id: &str, idempotency_key: &str) -> String {
+    // A session id is a UUID: fixed length, no `:`, so the pair cannot be read two ways.
     format!("{session_id}:{idempotency_key}")
+}
+
+/// Longest message id sent as it is; a longer one is sent as its digest.
+const MAX_PLAIN_MSG_ID: usize = 256;
+
+/// Returns message id `id` as a NATS header value can carry it. Ids hold client and model text
+/// (idempotency keys, tool call ids), and a header value with a line break makes the NATS
+/// client panic rather than refuse it. Such an id, or one past 256 bytes, is sent as the
+/// SHA-256 of its text instead: still one id per text, so duplicates are still dropped.
+pub fn header_safe_msg_id(id: &str) -> Cow<'_, str> {
+    if id.len() <= MAX_PLAIN_MSG_ID && !id.chars().any(char::is_control) {
+        return Cow::Borrowed(id);
+    }
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    let mut hex = String::with_capacity(7 + 2 * digest.len());
+    hex.push_str("sha256:");
+    for byte in digest {
+        // Writing to a String cannot fail.
+        let _ = write!(hex, "{byte:02x}");
+    }
+    Cow::Owned(hex)
 }
 
 /// A message a run publishes on the outbound stream.
@@ -115,7 +144,33 @@ mod tests {
         let unique: std::collections::HashSet<_> = ids.iter().collect();
         assert_eq!(unique.len(), ids.len());
         assert_eq!(ids[0], "r:final");
-        assert_eq!(inbound_msg_id("cli:a", "k"), "cli:a:k");
+        assert_eq!(inbound_msg_id("cli:a", "k"), "5:cli:a:k");
         assert_eq!(run_command_msg_id("s", "k"), "s:k");
+    }
+
+    #[test]
+    fn session_keys_with_colons_never_share_a_message_id() {
+        // A client that picks both strings cannot make another session's message a duplicate.
+        assert_ne!(
+            inbound_msg_id("agent", "main:telegram:direct:42:telegram:42:8"),
+            inbound_msg_id("agent:main:telegram:direct:42", "telegram:42:8")
+        );
+    }
+
+    #[test]
+    fn ids_holding_line_breaks_or_past_the_cap_become_digests() {
+        assert_eq!(header_safe_msg_id("5:cli:a:k"), "5:cli:a:k");
+        for id in [
+            inbound_msg_id("k", "a\r\nNats-Expected-Stream: x"),
+            run_command_msg_id("s", "a\nb"),
+            run_msg_id("r", RunMessage::Sent("c\u{7f}1")),
+            inbound_msg_id("k", &"x".repeat(300)),
+        ] {
+            let safe = header_safe_msg_id(&id);
+            assert!(safe.starts_with("sha256:") && safe.len() == 71, "{safe}");
+            assert!(!safe.chars().any(char::is_control));
+        }
+        assert_ne!(header_safe_msg_id("a\nb"), header_safe_msg_id("a\nc"));
+        assert_eq!(header_safe_msg_id("a\nb"), header_safe_msg_id("a\nb"));
     }
 }

@@ -6,6 +6,12 @@ use crate::v1::{InboundMessage, RunCommand};
 pub const MAX_SESSION_KEY_LEN: usize = 512;
 /// Longest accepted message text, in bytes.
 pub const MAX_TEXT_LEN: usize = 256 * 1024;
+/// Longest accepted idempotency key, in bytes: it is stored under a unique index, whose rows
+/// Postgres caps at about 2.7 KB, and travels in stream headers.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
+/// Most bytes accepted in `metadata`, keys and values together: a message carries it to the
+/// router, the runner and delivery, and NATS refuses a payload past 1 MiB.
+pub const MAX_METADATA_LEN: usize = 64 * 1024;
 
 use crate::kinds::QueueMode;
 
@@ -42,6 +48,12 @@ pub enum ValidationError {
     /// `queueMode` is not one of the known words.
     #[error("queueMode {0:?} is not one of steer, followup, collect, interrupt")]
     QueueMode(String),
+    /// `idempotencyKey` is longer than allowed.
+    #[error("idempotencyKey is longer than {MAX_IDEMPOTENCY_KEY_LEN} bytes")]
+    IdempotencyKeyTooLong,
+    /// `metadata` holds more than allowed.
+    #[error("metadata holds more than {MAX_METADATA_LEN} bytes")]
+    MetadataTooLarge,
     /// A text field holds a NUL byte, which Postgres text columns cannot store.
     #[error("{0} contains a NUL byte (U+0000), which cannot be stored")]
     Nul(Field),
@@ -114,10 +126,7 @@ pub fn validate_inbound(
     refuse_nul(Field::IdempotencyKey, &msg.idempotency_key)?;
     refuse_nul(Field::AgentId, &msg.agent_id)?;
     refuse_nul(Field::ReplySubject, &msg.reply_subject)?;
-    for (key, value) in &msg.metadata {
-        refuse_nul(Field::Metadata, key)?;
-        refuse_nul(Field::Metadata, value)?;
-    }
+    check_key_and_metadata(&msg.idempotency_key, &msg.metadata)?;
     if msg.channel.is_empty() {
         msg.channel = subject_channel.to_owned();
     }
@@ -139,9 +148,25 @@ pub fn validate_run_command(cmd: &RunCommand) -> Result<(), ValidationError> {
     refuse_nul(Field::IdempotencyKey, &cmd.idempotency_key)?;
     refuse_nul(Field::AgentId, &cmd.agent_id)?;
     refuse_nul(Field::ReplySubject, &cmd.reply_subject)?;
-    for (key, value) in &cmd.metadata {
+    check_key_and_metadata(&cmd.idempotency_key, &cmd.metadata)
+}
+
+/// The idempotency key and metadata within their caps, and no NUL in the metadata.
+fn check_key_and_metadata(
+    idempotency_key: &str,
+    metadata: &std::collections::HashMap<String, String>,
+) -> Result<(), ValidationError> {
+    if idempotency_key.len() > MAX_IDEMPOTENCY_KEY_LEN {
+        return Err(ValidationError::IdempotencyKeyTooLong);
+    }
+    let mut size = 0;
+    for (key, value) in metadata {
         refuse_nul(Field::Metadata, key)?;
         refuse_nul(Field::Metadata, value)?;
+        size += key.len() + value.len();
+    }
+    if size > MAX_METADATA_LEN {
+        return Err(ValidationError::MetadataTooLarge);
     }
     Ok(())
 }
@@ -185,6 +210,37 @@ mod tests {
         assert_eq!(
             validate_inbound(&mut msg("", "x"), "cli"),
             Err(ValidationError::MissingSessionKey)
+        );
+    }
+
+    #[test]
+    fn an_idempotency_key_or_metadata_past_its_cap_is_refused() {
+        let mut m = msg("k", "hi");
+        m.idempotency_key = "k".repeat(MAX_IDEMPOTENCY_KEY_LEN);
+        validate_inbound(&mut m, "cli").unwrap();
+        m.idempotency_key.push('k');
+        assert_eq!(
+            validate_inbound(&mut m, "cli"),
+            Err(ValidationError::IdempotencyKeyTooLong)
+        );
+        let mut m = msg("k", "hi");
+        m.metadata
+            .insert("a".into(), "v".repeat(MAX_METADATA_LEN - 1));
+        validate_inbound(&mut m, "cli").unwrap();
+        m.metadata.insert("b".into(), String::new());
+        assert_eq!(
+            validate_inbound(&mut m, "cli"),
+            Err(ValidationError::MetadataTooLarge)
+        );
+        let cmd = RunCommand {
+            session_key: "k".into(),
+            text: "hi".into(),
+            metadata: m.metadata,
+            ..Default::default()
+        };
+        assert_eq!(
+            validate_run_command(&cmd),
+            Err(ValidationError::MetadataTooLarge)
         );
     }
 
