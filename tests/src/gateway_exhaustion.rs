@@ -297,7 +297,8 @@ async fn a_placeholder_token_keeps_the_gateway_from_starting_outside_dev_mode() 
     let mut config = agentloop_gateway::GatewayConfig::default();
     config.gateway.listen = "127.0.0.1:0".to_owned();
 
-    for token in ["CHANGE_ME", "agentloop-dev-token"] {
+    // (`CHANGE_ME` is refused in any key by the config loader, dev mode or not.)
+    for token in ["agentloop-dev-token"] {
         // Act
         config.gateway.tokens = vec!["a-real-one".into(), token.into()];
         let refused =
@@ -316,4 +317,54 @@ async fn a_placeholder_token_keeps_the_gateway_from_starting_outside_dev_mode() 
         assert!(error.contains(token), "started with {token}: {error:?}");
         assert!(allowed.is_ok());
     }
+}
+
+#[tokio::test]
+async fn a_socket_that_floods_without_reading_loses_its_place_at_the_connect_deadline() {
+    // Arrange: one place for sockets waiting for `connect`.
+    use futures::SinkExt as _;
+    use tokio_tungstenite::tungstenite::Message;
+    let sandbox = Sandbox::start().await.unwrap();
+    let gateway = Gateway::start(
+        &sandbox,
+        json!({"max_unauthenticated": 1, "connect_timeout_ms": 500}),
+    )
+    .await
+    .unwrap();
+    // A socket that takes almost nothing in, so the gateway's answers back up at once.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(gateway.addr).await.unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(format!("ws://{}/ws", gateway.addr), stream)
+        .await
+        .unwrap();
+    let (mut sink, _never_read) = futures::StreamExt::split(ws);
+
+    // Act: frames whose error answers echo a large id, sent until the gateway stops reading.
+    let frame = json!({"type": "req", "id": "x".repeat(16 * 1024), "method": "health"}).to_string();
+    for _ in 0..2000 {
+        let sent = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            sink.send(Message::Text(frame.clone().into())),
+        )
+        .await;
+        if !matches!(sent, Ok(Ok(()))) {
+            break;
+        }
+    }
+    // Past the deadline, another socket gets the place.
+    let newcomer = agentloop_testkit::wait_until(
+        "a place for a new socket",
+        std::time::Duration::from_secs(10),
+        || async { upgrade(gateway.addr, &[]).await.ok() },
+    )
+    .await;
+
+    // Assert
+    let mut newcomer = newcomer.expect("the flooding socket kept its place");
+    let hello = newcomer.call("connect", json!({})).await.unwrap();
+    assert_eq!(hello["ok"], true, "{hello}");
+    drop(sink);
+    gateway.stop().await.unwrap();
+    sandbox.shutdown().await.unwrap();
 }

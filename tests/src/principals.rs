@@ -508,3 +508,71 @@ async fn only_an_admin_watches_the_inbox_of_every_conversation() {
     gateway.stop().await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn nobody_takes_another_principals_main_session_by_using_its_key_first() {
+    // Arrange
+    let sandbox = Sandbox::start().await.unwrap();
+    let gateway = gateway(&sandbox, json!({})).await;
+    let mut bob = Client::open_at(gateway.addr).await.unwrap();
+    let hello = bob
+        .call("connect", json!({"auth": {"token": BOB}}))
+        .await
+        .unwrap();
+
+    // Act: bob plants messages on the main keys before their owners use them.
+    let mut planted = Vec::new();
+    for key in [
+        "agent:main:main",
+        "agent:main:main:alice",
+        "agent:main:main:ops",
+    ] {
+        let id = bob
+            .send("agent", json!({"message": "planted", "sessionKey": key}))
+            .await
+            .unwrap();
+        planted.push((key, bob.response(&id).await.unwrap()));
+    }
+    // The admin writes without naming a session.
+    let mut ops = Client::connected_at(gateway.addr, Some(ROOT))
+        .await
+        .unwrap();
+    let id = ops
+        .send("agent", json!({"message": "the admin's secret"}))
+        .await
+        .unwrap();
+    let accepted = ops.response(&id).await.unwrap();
+    let done = ops.response(&id).await.unwrap();
+    let peek = bob
+        .call("chat.history", json!({"sessionKey": "agent:main:main:ops"}))
+        .await
+        .unwrap();
+
+    // Assert: each main key is its owner's; the admin's message went to the admin's own.
+    assert_eq!(
+        hello["payload"]["snapshot"]["sessionDefaults"]["mainSessionKey"], "agent:main:main:bob",
+        "{hello}"
+    );
+    for (key, answer) in &planted {
+        assert_eq!(code(answer), "NOT_FOUND", "{key}: {answer}");
+    }
+    assert_eq!(sessions_with_key(&sandbox, "agent:main:main").await, 0);
+    assert_eq!(
+        sessions_with_key(&sandbox, "agent:main:main:alice").await,
+        0
+    );
+    let own = ops
+        .call("chat.history", json!({"sessionKey": "agent:main:main:ops"}))
+        .await
+        .unwrap();
+    assert!(!own.to_string().contains("planted"), "{own}");
+    assert_eq!(
+        accepted["payload"]["sessionKey"], "agent:main:main:ops",
+        "{accepted}"
+    );
+    assert_eq!(done["payload"]["status"], "ok", "{done}");
+    assert_eq!(code(&peek), "NOT_FOUND", "{peek}");
+    assert!(!peek.to_string().contains("the admin's secret"), "{peek}");
+    gateway.stop().await.unwrap();
+    sandbox.shutdown().await.unwrap();
+}

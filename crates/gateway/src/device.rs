@@ -91,7 +91,8 @@ pub(crate) fn verify(
     if proof.nonce.is_empty() || proof.nonce != challenge {
         return Err(DeviceError::NonceMismatch);
     }
-    if (now_ms - proof.signed_at).abs() > MAX_SKEW_MS {
+    // `abs_diff`: a client picks `signed_at`, and `i64::MIN` would overflow a subtraction.
+    if now_ms.abs_diff(proof.signed_at) > MAX_SKEW_MS.unsigned_abs() {
         return Err(DeviceError::Expired);
     }
     let signature: [u8; 64] = decode(&proof.signature)
@@ -218,6 +219,11 @@ mod tests {
             check(&proof, "n-1", NOW + MAX_SKEW_MS + 1),
             Err(DeviceError::Expired)
         );
+        // A time at the end of the range is refused, not an overflow.
+        for at in [i64::MIN, i64::MAX] {
+            let far = signed("v3", "n-1", at);
+            assert_eq!(check(&far, "n-1", NOW), Err(DeviceError::Expired));
+        }
         let mut other_id = proof.clone();
         other_id.id = "00".repeat(32);
         assert_eq!(check(&other_id, "n-1", NOW), Err(DeviceError::IdMismatch));

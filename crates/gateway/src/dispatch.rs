@@ -166,6 +166,14 @@ pub(crate) async fn submit(
     agentloop_proto::validate_inbound(&mut inbound, "webchat")
         .map_err(|err| RequestError::InvalidRequest(err.to_string()))?;
     let caller = submission.caller;
+    let principal = Some(caller.principal.as_str()).filter(|p| !p.is_empty());
+    if !crate::status::may_send_to(&inbound.session_key, principal, caller.admin) {
+        // The answer for another principal's session, so main keys cannot be probed either.
+        return Err(RequestError::NotFound(format!(
+            "no session {:?}",
+            inbound.session_key
+        )));
+    }
     let mut request = BeginDispatchRequest {
         session_key: inbound.session_key.clone(),
         idempotency_key: idempotency_key.clone(),

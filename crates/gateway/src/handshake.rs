@@ -163,7 +163,7 @@ impl Hello<'_> {
                 "sessionDefaults": {
                     "defaultAgentId": default_agent,
                     "mainKey": crate::status::MAIN_KEY,
-                    "mainSessionKey": crate::status::main_session_key(default_agent),
+                    "mainSessionKey": crate::status::main_session_key(default_agent, self.who.name()),
                     "scope": "per-sender",
                 },
             },

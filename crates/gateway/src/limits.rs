@@ -17,8 +17,14 @@ const FIRST_WAIT: Duration = Duration::from_secs(1);
 const LONGEST_WAIT: Duration = Duration::from_secs(300);
 /// An address without a failure for this long starts afresh.
 const FORGET_AFTER: Duration = Duration::from_secs(600);
-/// Past this many remembered addresses, the forgotten ones are swept on the next failure.
+/// Past this many remembered addresses, the forgotten ones are swept, at most once a
+/// [`SWEEP_EVERY`]: a sweep walks every entry under the lock every authentication takes.
 const SWEEP_ABOVE: usize = 4096;
+/// The shortest time between two sweeps.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// The most addresses remembered: past it a new address's failures go uncounted, so failures
+/// from ever new addresses cannot grow the table without bound.
+const MAX_REMEMBERED: usize = 65_536;
 
 /// The shared counters; cheap to clone.
 #[derive(Clone)]
@@ -34,7 +40,15 @@ struct Inner {
     unauthenticated: AtomicUsize,
     /// How many addresses have failures on record: the common case (none) skips the lock.
     failing: AtomicUsize,
-    failures: Mutex<HashMap<IpAddr, Failures>>,
+    failures: Mutex<FailureTable>,
+}
+
+/// The failed authentications on record, by address.
+#[derive(Default)]
+struct FailureTable {
+    by_ip: HashMap<IpAddr, Failures>,
+    /// When forgotten addresses were last swept out.
+    swept_at: Option<Instant>,
 }
 
 struct Failures {
@@ -116,7 +130,7 @@ impl Limits {
             return Ok(());
         }
         let failures = self.failures();
-        let Some(until) = failures.get(&ip).and_then(|f| f.blocked_until) else {
+        let Some(until) = failures.by_ip.get(&ip).and_then(|f| f.blocked_until) else {
             return Ok(());
         };
         if until > now {
@@ -134,10 +148,21 @@ impl Limits {
     }
 
     fn auth_failed_at(&self, ip: IpAddr, now: Instant) {
-        let mut failures = self.failures();
-        if failures.len() > SWEEP_ABOVE {
-            failures.retain(|_, f| now.saturating_duration_since(f.last) < FORGET_AFTER);
+        let mut table = self.failures();
+        let due = table
+            .swept_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= SWEEP_EVERY);
+        if table.by_ip.len() > SWEEP_ABOVE && due {
+            table
+                .by_ip
+                .retain(|_, f| now.saturating_duration_since(f.last) < FORGET_AFTER);
+            table.swept_at = Some(now);
         }
+        if table.by_ip.len() >= MAX_REMEMBERED && !table.by_ip.contains_key(&ip) {
+            tracing::warn!(%ip, remembered = MAX_REMEMBERED, "failed authentication not counted: too many failing addresses on record");
+            return;
+        }
+        let failures = &mut table.by_ip;
         let entry = failures.entry(ip).or_insert(Failures {
             count: 0,
             last: now,
@@ -164,12 +189,14 @@ impl Limits {
         if self.inner.failing.load(Ordering::Acquire) == 0 {
             return;
         }
-        let mut failures = self.failures();
-        failures.remove(&ip);
-        self.inner.failing.store(failures.len(), Ordering::Release);
+        let mut table = self.failures();
+        table.by_ip.remove(&ip);
+        self.inner
+            .failing
+            .store(table.by_ip.len(), Ordering::Release);
     }
 
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Failures>> {
+    fn failures(&self) -> std::sync::MutexGuard<'_, FailureTable> {
         self.inner
             .failures
             .lock()
@@ -233,6 +260,27 @@ mod tests {
         assert_eq!(limits.open(c).err(), Some(Refusal::TooManyUnauthenticated));
         drop((second, third));
         assert!(limits.open(c).is_ok());
+    }
+
+    #[test]
+    fn failures_from_ever_new_addresses_stay_bounded_and_are_forgotten() {
+        let limits = limits(|s| s.auth_failures_allowed = 0);
+        let start = Instant::now();
+        let nth = |i: usize| IpAddr::from(std::net::Ipv6Addr::from(i as u128 + 1));
+        for i in 0..MAX_REMEMBERED {
+            limits.auth_failed_at(nth(i), start);
+        }
+        // Full: a new address goes uncounted, one on record is still throttled.
+        let newcomer = nth(MAX_REMEMBERED);
+        limits.auth_failed_at(newcomer, start);
+        assert!(limits.check_auth_at(newcomer, start).is_ok());
+        assert!(limits.check_auth_at(nth(0), start).is_err());
+        assert_eq!(limits.failures().by_ip.len(), MAX_REMEMBERED);
+        // Once the others are forgotten, the next failure sweeps them out.
+        let later = start + FORGET_AFTER;
+        limits.auth_failed_at(newcomer, later);
+        assert_eq!(limits.failures().by_ip.len(), 1);
+        assert!(limits.check_auth_at(newcomer, later).is_err());
     }
 
     #[test]

@@ -113,6 +113,11 @@ impl Principal {
         }
     }
 
+    /// Returns the principal it acts for; `None` for an admin token without one.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
     /// Returns whether it sees and may change every session.
     pub(crate) fn is_admin(&self) -> bool {
         self.scopes.contains(&Scope::Admin)

@@ -135,8 +135,10 @@ async fn connection(
         let next = tokio::select! {
             () = shutdown.cancelled() => {
                 let stopping = Outgoing::Event { event: "shutdown", payload: json!({"reason": "gateway stopping"}) };
-                let _ = out_tx.send(stopping).await;
-                let _ = out_tx.send(Outgoing::Close(close_code::AWAY, "gateway shutting down".into())).await;
+                let until = Some(Instant::now() + WRITER_GRACE);
+                if queue(&out_tx, stopping, until).await {
+                    queue(&out_tx, Outgoing::Close(close_code::AWAY, "gateway shutting down".into()), until).await;
+                }
                 break;
             }
             // A client that hears nothing for two intervals takes the connection for dead.
@@ -148,24 +150,30 @@ async fn connection(
             // A socket that never authenticates holds a place others need.
             () = tokio::time::sleep_until(connect_deadline), if conn.principal.is_none() => {
                 let reason = format!("connect not completed within {} ms", connect_within.as_millis());
-                let _ = out_tx.send(Outgoing::Close(close_code::POLICY, reason)).await;
+                // Never waits: this client may be the one not reading.
+                let _ = out_tx.try_send(Outgoing::Close(close_code::POLICY, reason));
                 break;
             }
             next = stream.next() => next,
         };
+        // Before `connect`, no answer waits past the connect deadline: a client that sends
+        // without reading would otherwise stall this loop on a full queue, deadline and all,
+        // and keep its place among the sockets waiting for `connect` for good.
+        let until = conn.principal.is_none().then_some(connect_deadline);
         let text = match next {
             Some(Ok(Message::Text(text))) => text.to_string(),
             Some(Ok(Message::Binary(bytes))) => {
                 if bytes.len() > limit {
-                    refuse_oversized(&out_tx, bytes.len(), limit).await;
+                    refuse_oversized(&out_tx, bytes.len(), limit, until).await;
                     break;
                 }
-                let _ = out_tx
-                    .send(err(
-                        &Value::Null,
-                        &RequestError::InvalidRequest("frames must be JSON text".into()),
-                    ))
-                    .await;
+                let refusal = err(
+                    &Value::Null,
+                    &RequestError::InvalidRequest("frames must be JSON text".into()),
+                );
+                if !queue(&out_tx, refusal, until).await {
+                    break;
+                }
                 continue;
             }
             Some(Ok(Message::Close(_))) | None => break,
@@ -183,16 +191,19 @@ async fn connection(
             }
         };
         if text.len() > limit {
-            refuse_oversized(&out_tx, text.len(), limit).await;
+            refuse_oversized(&out_tx, text.len(), limit, until).await;
             break;
         }
         match conn.accept(&text, client, &state) {
             Accepted::Reply(outgoing) => {
-                let _ = out_tx.send(outgoing).await;
+                if !queue(&out_tx, outgoing, until).await {
+                    break;
+                }
             }
             Accepted::Refuse(outgoing, code, reason) => {
-                let _ = out_tx.send(outgoing).await;
-                let _ = out_tx.send(Outgoing::Close(code, reason)).await;
+                if queue(&out_tx, outgoing, until).await {
+                    queue(&out_tx, Outgoing::Close(code, reason), until).await;
+                }
                 break;
             }
             Accepted::Call {
@@ -219,20 +230,59 @@ async fn connection(
             }
         }
     }
+    // A socket that never connected gives its place back now, not after its writer.
+    drop(conn);
     // Runs started here keep going to their end so their answers are stored for a repeat.
     closed.cancel();
     drop(out_tx);
     in_flight.close();
     in_flight.wait().await;
-    let _ = writer.await;
+    // What is queued gets a while to reach a client that reads; one that does not read would
+    // hold the writer, and this connection's places, until TCP gave up on it.
+    let mut writer = writer;
+    if tokio::time::timeout(WRITER_GRACE, &mut writer)
+        .await
+        .is_err()
+    {
+        tracing::debug!("client did not read its last frames; connection dropped");
+        writer.abort();
+    }
 }
 
-async fn refuse_oversized(out_tx: &mpsc::Sender<Outgoing>, size: usize, limit: usize) {
+/// How long a closing connection's queued frames may take to reach the client.
+const WRITER_GRACE: Duration = Duration::from_secs(5);
+
+/// Queues `outgoing` for the client, waiting no later than `until` when given. Returns false
+/// when the connection should end: the wait ran out, or the writer is gone.
+async fn queue(
+    out_tx: &mpsc::Sender<Outgoing>,
+    outgoing: Outgoing,
+    until: Option<Instant>,
+) -> bool {
+    match until {
+        Some(until) => matches!(
+            tokio::time::timeout_at(until, out_tx.send(outgoing)).await,
+            Ok(Ok(()))
+        ),
+        None => out_tx.send(outgoing).await.is_ok(),
+    }
+}
+
+async fn refuse_oversized(
+    out_tx: &mpsc::Sender<Outgoing>,
+    size: usize,
+    limit: usize,
+    until: Option<Instant>,
+) {
     let error = RequestError::FrameTooLarge { size, limit };
-    let _ = out_tx.send(err(&Value::Null, &error)).await;
-    let _ = out_tx
-        .send(Outgoing::Close(close_code::SIZE, error.to_string()))
+    if queue(out_tx, err(&Value::Null, &error), until).await {
+        queue(
+            out_tx,
+            Outgoing::Close(close_code::SIZE, error.to_string()),
+            until,
+        )
         .await;
+    }
 }
 
 /// The state of one connection's reader.
