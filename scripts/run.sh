@@ -15,6 +15,10 @@ print(json.loads(line.split(" ", 1)[1])["version"] if line.startswith("INFO ") e
 PY
 }
 
+port_free() { # true when nothing listens on 127.0.0.1:$1
+  python3 -c "import socket, sys; s = socket.socket(); s.settimeout(0.5); sys.exit(0 if s.connect_ex(('127.0.0.1', int(sys.argv[1]))) else 1)" "$1"
+}
+
 version_ok() { # true when $1 >= 2.11
   [[ -n "$1" ]] && python3 -c "import sys; v=[int(x) for x in sys.argv[1].split('-')[0].split('.')[:2]]; sys.exit(0 if v >= [2, 11] else 1)" "$1"
 }
@@ -32,10 +36,14 @@ else
   [[ -n "$found" ]] && log "nats-server $found at $NATS_URL is older than 2.11"
   ensure_nats_server
   mkdir -p .run/nats
-  port=4223
-  while [[ -n "$(nats_version_at 127.0.0.1 "$port")" ]] && ! version_ok "$(nats_version_at 127.0.0.1 "$port")"; do
-    port=$((port + 1))
-  done
+  # Nothing on the configured local port: our server takes it, so `nats` commands without `-s`
+  # reach it. An older server there moves ours to 4223 or the next port not held by one.
+  if ! [[ -z "$found" && ( "$host" == 127.0.0.1 || "$host" == localhost ) ]] || ! port_free "$port"; then
+    port=4223
+    while [[ -n "$(nats_version_at 127.0.0.1 "$port")" ]] && ! version_ok "$(nats_version_at 127.0.0.1 "$port")"; do
+      port=$((port + 1))
+    done
+  fi
   if ! version_ok "$(nats_version_at 127.0.0.1 "$port")"; then
     log "starting nats-server $NATS_SERVER_PIN with JetStream on 127.0.0.1:$port (store in .run/nats)"
     "$NATS_SERVER_BIN" -js -a 127.0.0.1 -p "$port" -sd .run/nats -l .run/nats-server.log &
