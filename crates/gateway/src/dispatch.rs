@@ -167,7 +167,7 @@ pub(crate) async fn submit(
         .map_err(|err| RequestError::InvalidRequest(err.to_string()))?;
     let caller = submission.caller;
     let principal = Some(caller.principal.as_str()).filter(|p| !p.is_empty());
-    if !crate::status::may_send_to(&inbound.session_key, principal, caller.admin) {
+    if !crate::main_key::may_send_to(&inbound.session_key, principal, caller.admin) {
         // The answer for another principal's session, so main keys cannot be probed either.
         return Err(RequestError::NotFound(format!(
             "no session {:?}",

@@ -162,8 +162,8 @@ impl Hello<'_> {
                 "uptimeMs": self.state.started.elapsed().as_millis(),
                 "sessionDefaults": {
                     "defaultAgentId": default_agent,
-                    "mainKey": crate::status::MAIN_KEY,
-                    "mainSessionKey": crate::status::main_session_key(default_agent, self.who.name()),
+                    "mainKey": crate::main_key::MAIN_KEY,
+                    "mainSessionKey": crate::main_key::main_session_key(default_agent, self.who.name()),
                     "scope": "per-sender",
                 },
             },

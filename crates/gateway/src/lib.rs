@@ -19,6 +19,7 @@ mod http;
 mod inbox;
 mod known;
 mod limits;
+mod main_key;
 mod memories;
 mod methods;
 mod openai;

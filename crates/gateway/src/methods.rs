@@ -214,7 +214,7 @@ fn submission(
         } else {
             &agent_id
         };
-        status::main_session_key(agent, who.name())
+        crate::main_key::main_session_key(agent, who.name())
     });
     Ok(Submission {
         session_key,
