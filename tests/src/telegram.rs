@@ -18,6 +18,10 @@ pub(crate) const SECRET: &str = "webhook-secret-1";
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn stack() -> (Sandbox, FakeTelegram) {
+    stack_with(SandboxOptions::default()).await
+}
+
+async fn stack_with(options: SandboxOptions) -> (Sandbox, FakeTelegram) {
     let telegram = FakeTelegram::start(TOKEN).await;
     let mut channels = ChannelsConfig::default();
     channels.telegram.bot_token = TOKEN.into();
@@ -29,7 +33,7 @@ async fn stack() -> (Sandbox, FakeTelegram) {
     channels.telegram.stream_edit_ms = 200;
     let sandbox = Sandbox::start_with(SandboxOptions {
         channels: Some(channels),
-        ..Default::default()
+        ..options
     })
     .await
     .unwrap();
@@ -147,6 +151,28 @@ async fn a_rate_limited_reply_is_posted_after_retry_after() {
     let sent = telegram.sent();
     assert_eq!(sent.len(), 2, "one refused with 429, then one accepted");
     assert!(!sent[0].accepted && sent[1].accepted);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reply_waiting_out_a_retry_after_longer_than_the_ack_wait_is_posted_once() {
+    // Three delivery replicas share OUTBOUND and the server gives a message 1 s before handing it
+    // to another; Telegram asks to wait 3 s. Unless the waiting replica keeps saying it is still at
+    // work, another replica gets the reply meanwhile and posts it a second time.
+    let (sandbox, telegram) = stack_with(SandboxOptions {
+        deliveries: 3,
+        ack_wait_ms: Some(1_000),
+        ..Default::default()
+    })
+    .await;
+    telegram.fail_next([Failure::RateLimited { retry_after: 3 }]);
+    let body = update(9, 19, 12, "patience").to_string();
+    assert_eq!(post(&sandbox, &body, Some(SECRET)).await, 200);
+    assert_eq!(delivered(&telegram, 1).await, vec!["echo: patience"]);
+    // Three more ack waits: a copy handed elsewhere would have been posted by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let accepted: Vec<_> = telegram.sent().into_iter().filter(|s| s.accepted).collect();
+    assert_eq!(accepted.len(), 1, "posted once, not once per replica");
     sandbox.shutdown().await.unwrap();
 }
 

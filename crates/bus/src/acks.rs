@@ -8,6 +8,7 @@
 //! for these acks: a service that crashes first has its messages redelivered, which every
 //! consumer here absorbs (idempotency keys, message ids, delivered-reply keys).
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -75,5 +76,20 @@ async fn ack(msg: &jetstream::Message) {
     if let Err(err) = msg.ack().await {
         // The server redelivers it after the ack wait, and the consumer absorbs the repeat.
         tracing::warn!(subject = %msg.subject, error = %err, "failed to ack; the message will be redelivered");
+    }
+}
+
+/// Runs `work` for `msg`, telling the server every `every` that the message is still being
+/// worked on. Without it a delivery that outlasts the ack wait (a chat app's `retry_after`, a
+/// slow post) is handed to another replica mid-way and done twice.
+pub async fn holding<F: Future>(msg: &jetstream::Message, every: Duration, work: F) -> F::Output {
+    let mut work = std::pin::pin!(work);
+    loop {
+        match tokio::time::timeout(every, &mut work).await {
+            Ok(done) => return done,
+            Err(_) => {
+                let _ = msg.ack_with(jetstream::AckKind::Progress).await;
+            }
+        }
     }
 }

@@ -309,6 +309,13 @@ impl BusConfig {
         })
     }
 
+    /// How often a message still being worked on is reported in progress: a third of
+    /// `ack_wait_ms`, so a report lost or late still comes before the deadline.
+    #[must_use]
+    pub fn progress_every(&self) -> std::time::Duration {
+        std::time::Duration::from_millis((self.ack_wait_ms / 3).max(1))
+    }
+
     /// How long acks are gathered: `ack_gather_ms`, capped at a tenth of `ack_wait_ms` so that a
     /// gathered ack never arrives after the server has given the message to someone else.
     #[must_use]

@@ -75,7 +75,7 @@ impl Bus {
             settled: Notify::new(),
             reads,
             max_wait,
-            progress_every: ack_wait / 3,
+            progress_every: config.progress_every(),
             swept_at: Mutex::new(Instant::now()),
         })
     }

@@ -18,7 +18,7 @@ mod probe;
 mod publish;
 mod subjects;
 
-pub use acks::Acks;
+pub use acks::{Acks, holding};
 pub use arrivals::{Arrivals, Arrived};
 pub use config::{BusConfig, EventsEncoding, redact_url};
 pub use consume::Deliveries;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -85,6 +85,8 @@ struct Ctx {
     acks: agentloop_bus::Acks,
     /// How a failed delivery is retried before the message is handed back to the server.
     retry_in_place: Backoff,
+    /// How often a reply still being delivered is reported in progress (`bus.ack_wait_ms` / 3).
+    progress_every: Duration,
     /// A session's replies in their stream order, whichever connection or replica got each.
     in_turn: Arc<InTurn>,
 }
@@ -117,6 +119,7 @@ pub(crate) async fn serve(
         recent: std::sync::Mutex::new(Recent::default()),
         captured: std::sync::Mutex::new(std::collections::HashMap::new()),
         retry_in_place: DELIVER_AGAIN.within(Duration::from_millis(config.bus.publish_retry_ms)),
+        progress_every: config.bus.progress_every(),
         delivered: health.counter("agentloop_delivery_delivered_total", "Replies delivered."),
         suppressed: health.counter(
             "agentloop_delivery_suppressed_total",
@@ -227,7 +230,11 @@ async fn deliver_one(ctx: &Ctx, msg: jetstream::Message, outbound: OutboundMessa
             ctx.acks.ack(msg);
             return;
         }
-        let delivered = deliver_retrying(ctx, &msg, &outbound).await;
+        // A chat app's `retry_after` or a slow post can outlast the ack wait: reported in
+        // progress meanwhile, the reply is not handed to another replica and posted twice.
+        let delivered =
+            agentloop_bus::holding(&msg, ctx.progress_every, deliver_retrying(ctx, &outbound))
+                .await;
         ctx.count(
             &outbound,
             match &delivered {
@@ -303,19 +310,14 @@ async fn in_turn(
 
 /// Delivers, trying again in place while the failure looks passing (a stream electing a
 /// leader answers nothing for seconds), so the session's later replies keep waiting behind
-/// this one instead of overtaking it. The message's ack deadline is pushed back meanwhile.
-async fn deliver_retrying(
-    ctx: &Ctx,
-    msg: &jetstream::Message,
-    outbound: &OutboundMessage,
-) -> Result<(), Failure> {
+/// this one instead of overtaking it.
+async fn deliver_retrying(ctx: &Ctx, outbound: &OutboundMessage) -> Result<(), Failure> {
     retry("deliver", ctx.retry_in_place, Failure::passes, || async {
         let delivered = deliver(ctx, outbound).await;
-        if let Err(failure) = &delivered {
-            if failure.passes() {
-                ctx.count(outbound, Attempt::Retried);
-            }
-            let _ = msg.ack_with(AckKind::Progress).await;
+        if let Err(failure) = &delivered
+            && failure.passes()
+        {
+            ctx.count(outbound, Attempt::Retried);
         }
         delivered
     })

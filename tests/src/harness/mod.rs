@@ -38,6 +38,10 @@ pub struct SandboxOptions {
     pub memory: Option<MemoryTweak>,
     /// Starts no delivery service: only what the runner itself publishes reaches anyone.
     pub no_delivery: bool,
+    /// Delivery replicas sharing the OUTBOUND consumer; 0 means one.
+    pub deliveries: usize,
+    /// Overrides `bus.ack_wait_ms` (5 s) for every service.
+    pub ack_wait_ms: Option<u64>,
     /// `[channels]` of the gateway, router and delivery (chat apps).
     pub channels: Option<agentloop_channels::ChannelsConfig>,
     /// Changes to the gateway's settings (tick interval, limits).
@@ -103,6 +107,9 @@ impl Sandbox {
             bus.ack_gather_ms = gather;
             bus.ack_wait_ms = bus.ack_wait_ms.max(gather * 10);
         }
+        if let Some(wait) = options.ack_wait_ms {
+            bus.ack_wait_ms = wait;
+        }
 
         let mut memory_config = agentloop_memory::MemoryConfig::default();
         memory_config.memory.listen = "127.0.0.1:0".to_owned();
@@ -155,14 +162,16 @@ impl Sandbox {
         }
 
         if !options.no_delivery {
-            let delivery = agentloop_delivery::DeliveryConfig {
-                bus: bus.clone(),
-                channels: options.channels.clone().unwrap_or_default(),
-                ..Default::default()
-            };
-            services.push(handle("delivery", move |t| {
-                agentloop_delivery::run(delivery, t)
-            }));
+            for _ in 0..options.deliveries.max(1) {
+                let delivery = agentloop_delivery::DeliveryConfig {
+                    bus: bus.clone(),
+                    channels: options.channels.clone().unwrap_or_default(),
+                    ..Default::default()
+                };
+                services.push(handle("delivery", move |t| {
+                    agentloop_delivery::run(delivery, t)
+                }));
+            }
         }
 
         let mut gateway = agentloop_gateway::GatewayConfig {
