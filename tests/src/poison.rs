@@ -323,3 +323,67 @@ async fn a_run_command_published_as_json_runs_and_is_answered() {
     assert!(reply.error.is_empty(), "{reply:?}");
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_control_message_no_runner_can_act_on_is_kept_once_however_many_runners_refuse_it() {
+    // Every runner replica hears every control subject. A forged abort (bytes that decode to
+    // nothing, an action that does not exist) must be kept, once, and stop nothing.
+    let sandbox = Sandbox::start_with(SandboxOptions {
+        runners: 3,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let session = uuid::Uuid::new_v4().to_string();
+    let control = sandbox.subject(&format!("control.{session}"));
+    sandbox
+        .client
+        .publish(control.clone(), "\u{0}\u{ff}not a control".into())
+        .await
+        .unwrap();
+    sandbox
+        .client
+        .publish(control.clone(), r#"{"action":"self-destruct"}"#.into())
+        .await
+        .unwrap();
+    // A subscriber on `dlq.>` would see every replica's copy; the stream is what keeps.
+    let js = async_nats::jetstream::new(sandbox.client.clone());
+    let dlq = js
+        .get_stream(format!("{}_DLQ", sandbox.prefix.to_uppercase()))
+        .await
+        .unwrap();
+    let letter_subject = sandbox.subject(&format!("dlq.{control}"));
+    let letters = || async {
+        let mut dlq = dlq.clone();
+        let last = dlq.info().await.unwrap().state.last_sequence;
+        let mut reasons = Vec::new();
+        for seq in 1..=last {
+            let letter = dlq.get_raw_message(seq).await.unwrap();
+            if letter.subject.as_str() == letter_subject {
+                let reason = letter.headers.get(agentloop_bus::HEADER_ERROR).unwrap();
+                reasons.push(reason.as_str().to_owned());
+            }
+        }
+        reasons
+    };
+    agentloop_testkit::wait_until("both dead letters kept", WAIT, || async {
+        (letters().await.len() >= 2).then_some(())
+    })
+    .await
+    .unwrap();
+    // The other replicas' copies had time to arrive; the stream absorbed them.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let reasons = letters().await;
+    assert_eq!(reasons.len(), 2, "one letter each: {reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("protobuf"))
+            && reasons.iter().any(|r| r.contains("self-destruct")),
+        "each letter says what is wrong: {reasons:?}"
+    );
+    // The runners go on running sessions.
+    let answer = ask(&sandbox, "after-forged-controls", "still there?")
+        .await
+        .unwrap();
+    assert_eq!(answer["text"], "echo: still there?");
+    sandbox.shutdown().await.unwrap();
+}

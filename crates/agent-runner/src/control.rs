@@ -9,7 +9,7 @@ use agentloop_proto::ControlAction;
 use agentloop_proto::v1::ControlMessage;
 
 use crate::RunnerError;
-use crate::replica::Replica;
+use crate::replica::{Replica, SERVICE};
 
 /// Subscribes to every session's control subject and routes messages to local owners.
 pub(crate) async fn listen(
@@ -24,18 +24,18 @@ pub(crate) async fn listen(
         .map_err(|e| RunnerError::Stream(Box::new(e)))?;
     Ok(tokio::spawn(async move {
         while let Some(msg) = messages.next().await {
-            let control = match agentloop_bus::decode::<ControlMessage>(&msg) {
-                Ok((control, _)) => control,
-                Err(err) => {
-                    tracing::warn!(error = %agentloop_bus::error_chain(&err), subject = %msg.subject, "ignoring an undecodable control message");
-                    continue;
-                }
-            };
-            let action = match control.action.parse::<ControlAction>() {
-                Ok(action) => action,
-                Err(err) => {
-                    // Core NATS, no stream to dead-letter from: the sender's mistake is logged.
-                    tracing::warn!(error = %err, subject = %msg.subject, "ignoring a control message with an unknown action");
+            let decoded = agentloop_bus::decode::<ControlMessage>(&msg)
+                .map_err(|err| agentloop_bus::error_chain(&err))
+                .and_then(|(control, _)| {
+                    let action = control.action.parse::<ControlAction>();
+                    action
+                        .map(|action| (control, action))
+                        .map_err(|err| err.to_string())
+                });
+            let (control, action) = match decoded {
+                Ok(decoded) => decoded,
+                Err(reason) => {
+                    refuse(&replica, &msg, &reason).await;
                     continue;
                 }
             };
@@ -50,4 +50,12 @@ pub(crate) async fn listen(
             }
         }
     }))
+}
+
+/// Keeps a control message no replica can act on as a dead letter. Every replica receives it
+/// and refuses it alike; the dead-letter stream keeps one letter of all their copies.
+async fn refuse(replica: &Replica, msg: &async_nats::Message, reason: &str) {
+    if let Err(err) = replica.bus.dead_letter_shared(SERVICE, msg, reason).await {
+        tracing::error!(error = %agentloop_bus::error_chain(&err), subject = %msg.subject, reason, "a control message no replica can act on could not be kept as a dead letter");
+    }
 }

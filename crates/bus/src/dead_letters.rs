@@ -8,7 +8,8 @@ use async_nats::jetstream::{self, AckKind};
 
 use agentloop_lifecycle::{Backoff, CounterFamily, Health};
 
-use crate::{Bus, BusError, error_chain};
+use crate::publish::Letter;
+use crate::{Bus, BusError, Stored, error_chain};
 
 /// How long a message whose dead letter could not be stored waits before it comes back.
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
@@ -36,6 +37,32 @@ impl Bus {
             reason,
         )
         .await
+    }
+
+    /// Keeps a message that every replica of `service` receives (a core NATS subject without a
+    /// queue group, such as `control.*`) as one dead letter: the letter's id is the digest of
+    /// the message's subject and payload, so the stream's duplicate window absorbs the copies
+    /// the other replicas send. Returns whether this call stored it (the others find it there).
+    ///
+    /// # Errors
+    /// [`BusError::Publish`] when the dead letter cannot be stored.
+    pub async fn dead_letter_shared(
+        &self,
+        service: &str,
+        msg: &async_nats::Message,
+        reason: &str,
+    ) -> Result<bool, BusError> {
+        let id = agentloop_proto::shared_dead_letter_msg_id(msg.subject.as_str(), &msg.payload);
+        let letter = Letter {
+            service,
+            original_subject: msg.subject.as_str(),
+            original_headers: msg.headers.as_ref(),
+            reason,
+        };
+        let stored = self
+            .keep_letter(&letter, msg.payload.clone(), Some(&id))
+            .await?;
+        Ok(stored == Stored::New)
     }
 }
 

@@ -208,6 +208,29 @@ impl Bus {
         payload: Bytes,
         reason: &str,
     ) -> Result<(), BusError> {
+        let letter = Letter {
+            service,
+            original_subject,
+            original_headers,
+            reason,
+        };
+        self.keep_letter(&letter, payload, None).await.map(|_| ())
+    }
+
+    /// Stores `letter` with `payload` on the dead-letter stream (under message id `id`, when
+    /// given) and emits its error event, unless the stream already held a letter of that id.
+    pub(crate) async fn keep_letter(
+        &self,
+        letter: &Letter<'_>,
+        payload: Bytes,
+        id: Option<&str>,
+    ) -> Result<Stored, BusError> {
+        let Letter {
+            service,
+            original_subject,
+            original_headers,
+            reason,
+        } = *letter;
         let max_payload = self.client.server_info().max_payload;
         let mut headers = letter_headers(service, original_subject, original_headers, reason);
         if fitting_payload(max_payload, &headers) == 0 {
@@ -225,11 +248,18 @@ impl Bus {
         } else {
             payload
         };
+        if let Some(id) = id {
+            headers.insert("Nats-Msg-Id", id);
+        }
         let subject = self.subjects.dlq(original_subject);
         let publish = Publish::build().payload(payload).headers(headers);
-        self.send_confirmed(&subject, publish)
+        let stored = self
+            .send_confirmed(&subject, publish)
             .await
             .map_err(|e| publish_error(&subject, &e))?;
+        if stored == Stored::Duplicate {
+            return Ok(stored);
+        }
         let id = nuid();
         let event = SystemEvent {
             run_id: id.clone(),
@@ -254,8 +284,21 @@ impl Bus {
             reason,
             "dropped to dlq"
         );
-        Ok(())
+        Ok(stored)
     }
+}
+
+/// What a dead letter says of its original, beside the payload.
+#[derive(Clone, Copy)]
+pub(crate) struct Letter<'a> {
+    /// The service that gave up on the original.
+    pub(crate) service: &'a str,
+    /// The subject the original arrived on.
+    pub(crate) original_subject: &'a str,
+    /// The original's headers, kept on the letter (but its message id).
+    pub(crate) original_headers: Option<&'a HeaderMap>,
+    /// Why the service gave up.
+    pub(crate) reason: &'a str,
 }
 
 /// Whether a failed JetStream publish may succeed if sent again: the stream had no leader or

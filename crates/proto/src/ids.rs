@@ -39,14 +39,32 @@ pub fn header_safe_msg_id(id: &str) -> Cow<'_, str> {
     if id.len() <= MAX_PLAIN_MSG_ID && !id.chars().any(char::is_control) {
         return Cow::Borrowed(id);
     }
-    let digest = sha2::Sha256::digest(id.as_bytes());
+    Cow::Owned(sha256_id(&[id.as_bytes()]))
+}
+
+/// `sha256:<hex>` of `parts` one after the other, each preceded by its length (so two ways of
+/// cutting the same bytes are two ids).
+fn sha256_id(parts: &[&[u8]]) -> String {
+    let mut hasher = sha2::Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part);
+    }
+    let digest = hasher.finalize();
     let mut hex = String::with_capacity(7 + 2 * digest.len());
     hex.push_str("sha256:");
     for byte in digest {
         // Writing to a String cannot fail.
         let _ = write!(hex, "{byte:02x}");
     }
-    Cow::Owned(hex)
+    hex
+}
+
+/// The message id of the dead letter of a message every replica receives (a core NATS subject
+/// without a queue group): one per (subject, payload), so the stream keeps one letter however
+/// many replicas refuse the message.
+pub fn shared_dead_letter_msg_id(subject: &str, payload: &[u8]) -> String {
+    sha256_id(&[subject.as_bytes(), payload])
 }
 
 /// A message a run publishes on the outbound stream.
@@ -172,5 +190,18 @@ mod tests {
         }
         assert_ne!(header_safe_msg_id("a\nb"), header_safe_msg_id("a\nc"));
         assert_eq!(header_safe_msg_id("a\nb"), header_safe_msg_id("a\nb"));
+    }
+
+    #[test]
+    fn a_shared_dead_letter_is_one_id_per_subject_and_payload() {
+        let id = shared_dead_letter_msg_id("p.control.s", b"{bad");
+        assert_eq!(id, shared_dead_letter_msg_id("p.control.s", b"{bad"));
+        assert!(id.starts_with("sha256:") && header_safe_msg_id(&id) == id);
+        assert_ne!(id, shared_dead_letter_msg_id("p.control.t", b"{bad"));
+        // The same bytes cut another way are another message.
+        assert_ne!(
+            shared_dead_letter_msg_id("p.control.sx", b"y"),
+            shared_dead_letter_msg_id("p.control.s", b"xy")
+        );
     }
 }

@@ -15,7 +15,7 @@ pub use answer::{
 pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
 pub use ids::{
     EntryKey, RunMessage, entry_key, header_safe_msg_id, inbound_msg_id, run_command_msg_id,
-    run_msg_id, stream_idempotency_key,
+    run_msg_id, shared_dead_letter_msg_id, stream_idempotency_key,
 };
 pub use kinds::{
     ApprovalDecision, ApprovalStatus, AuditSource, ControlAction, DmPolicy, EventPhase,
