@@ -387,3 +387,38 @@ async fn a_control_message_no_runner_can_act_on_is_kept_once_however_many_runner
     assert_eq!(answer["text"], "echo: still there?");
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_oversized_sender_agent_or_channel_is_refused_by_name_and_the_session_goes_on() {
+    // Each of these names is stored under a unique index (pairing, per-user memory, sessions);
+    // past what an index row holds, every write of it would fail, run after run.
+    let sandbox = Sandbox::start().await.unwrap();
+    let mut dead = sandbox.subscribe("dlq.>").await;
+    let mut replies = sandbox.subscribe("deliver.>").await;
+    let long = "s".repeat(4_000);
+    for (field, json) in [
+        (
+            "senderId",
+            json!({"sessionKey": "long-names", "text": "hi", "senderId": long}),
+        ),
+        (
+            "agentId",
+            json!({"sessionKey": "long-names", "text": "hi", "agentId": long}),
+        ),
+        (
+            "channel",
+            json!({"sessionKey": "long-names", "text": "hi", "channel": long}),
+        ),
+    ] {
+        sandbox.publish_json("cli", json).await.unwrap();
+        let (_, reason) = next_dead_letter(&mut dead).await.unwrap();
+        assert!(
+            reason.contains(field) && reason.contains("longer"),
+            "{field}: {reason}"
+        );
+    }
+    sandbox.say("long-names", "and now?").await.unwrap();
+    let reply = next_reply(&mut replies, WAIT).await.unwrap();
+    assert_eq!(reply.text, "echo: and now?");
+    sandbox.shutdown().await.unwrap();
+}

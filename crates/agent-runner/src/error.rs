@@ -50,13 +50,7 @@ impl From<tonic::Status> for MemoryCallError {
         let text = format!("{:?}: {}", status.code(), status.message());
         match status.code() {
             Code::FailedPrecondition => MemoryCallError::LeaseLost(text),
-            Code::Unavailable
-            | Code::DeadlineExceeded
-            | Code::Internal
-            | Code::Unknown
-            | Code::ResourceExhausted
-            | Code::Aborted
-            | Code::Cancelled => MemoryCallError::Unavailable(text),
+            code if agentloop_proto::may_pass(code) => MemoryCallError::Unavailable(text),
             _ => MemoryCallError::Refused(text),
         }
     }

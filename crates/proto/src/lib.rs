@@ -7,6 +7,7 @@ mod codec;
 mod ids;
 mod kinds;
 mod run_id;
+mod status;
 mod validate;
 
 pub use answer::{
@@ -23,6 +24,7 @@ pub use kinds::{
     UnknownWord,
 };
 pub use run_id::run_id;
+pub use status::may_pass;
 pub use validate::{Field, ValidationError, refuse_nul, validate_inbound, validate_run_command};
 
 /// Generated protobuf messages and the SessionService gRPC client and server.

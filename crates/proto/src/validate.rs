@@ -9,6 +9,9 @@ pub const MAX_TEXT_LEN: usize = 256 * 1024;
 /// Longest accepted idempotency key, in bytes: it is stored under a unique index, whose rows
 /// Postgres caps at about 2.7 KB, and travels in stream headers.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
+/// Longest accepted `channel`, `senderId` or `agentId`, in bytes: each is stored under a unique
+/// index (sessions, pairing, per-user memory) and appears in subjects and metric labels.
+pub const MAX_NAME_LEN: usize = 256;
 /// Most bytes accepted in `metadata`, keys and values together: a message carries it to the
 /// router, the runner and delivery, and NATS refuses a payload past 1 MiB.
 pub const MAX_METADATA_LEN: usize = 64 * 1024;
@@ -51,6 +54,9 @@ pub enum ValidationError {
     /// `idempotencyKey` is longer than allowed.
     #[error("idempotencyKey is longer than {MAX_IDEMPOTENCY_KEY_LEN} bytes")]
     IdempotencyKeyTooLong,
+    /// A name (`channel`, `senderId`, `agentId`) is longer than allowed.
+    #[error("{0} is longer than {MAX_NAME_LEN} bytes")]
+    NameTooLong(Field),
     /// `metadata` holds more than allowed.
     #[error("metadata holds more than {MAX_METADATA_LEN} bytes")]
     MetadataTooLarge,
@@ -126,6 +132,7 @@ pub fn validate_inbound(
     refuse_nul(Field::IdempotencyKey, &msg.idempotency_key)?;
     refuse_nul(Field::AgentId, &msg.agent_id)?;
     refuse_nul(Field::ReplySubject, &msg.reply_subject)?;
+    check_names(&msg.channel, &msg.sender_id, &msg.agent_id)?;
     check_key_and_metadata(&msg.idempotency_key, &msg.metadata)?;
     if msg.channel.is_empty() {
         msg.channel = subject_channel.to_owned();
@@ -148,7 +155,22 @@ pub fn validate_run_command(cmd: &RunCommand) -> Result<(), ValidationError> {
     refuse_nul(Field::IdempotencyKey, &cmd.idempotency_key)?;
     refuse_nul(Field::AgentId, &cmd.agent_id)?;
     refuse_nul(Field::ReplySubject, &cmd.reply_subject)?;
+    check_names(&cmd.channel, &cmd.sender_id, &cmd.agent_id)?;
     check_key_and_metadata(&cmd.idempotency_key, &cmd.metadata)
+}
+
+/// The channel, sender and agent within [`MAX_NAME_LEN`].
+fn check_names(channel: &str, sender_id: &str, agent_id: &str) -> Result<(), ValidationError> {
+    for (field, value) in [
+        (Field::Channel, channel),
+        (Field::SenderId, sender_id),
+        (Field::AgentId, agent_id),
+    ] {
+        if value.len() > MAX_NAME_LEN {
+            return Err(ValidationError::NameTooLong(field));
+        }
+    }
+    Ok(())
 }
 
 /// The idempotency key and metadata within their caps, and no NUL in the metadata.
@@ -242,6 +264,31 @@ mod tests {
             validate_run_command(&cmd),
             Err(ValidationError::MetadataTooLarge)
         );
+    }
+
+    #[test]
+    fn a_channel_sender_or_agent_past_its_cap_is_refused_by_name() {
+        let at_cap = "n".repeat(MAX_NAME_LEN);
+        let mut m = msg("k", "hi");
+        (m.channel, m.sender_id, m.agent_id) = (at_cap.clone(), at_cap.clone(), at_cap.clone());
+        validate_inbound(&mut m, "cli").unwrap();
+        let over = format!("{at_cap}n");
+        for field in [Field::Channel, Field::SenderId, Field::AgentId] {
+            let mut m = msg("k", "hi");
+            let mut cmd = RunCommand {
+                session_key: "k".into(),
+                text: "hi".into(),
+                ..Default::default()
+            };
+            match field {
+                Field::Channel => (m.channel, cmd.channel) = (over.clone(), over.clone()),
+                Field::SenderId => (m.sender_id, cmd.sender_id) = (over.clone(), over.clone()),
+                _ => (m.agent_id, cmd.agent_id) = (over.clone(), over.clone()),
+            }
+            let refused = Err(ValidationError::NameTooLong(field));
+            assert_eq!(validate_inbound(&mut m, "cli"), refused);
+            assert_eq!(validate_run_command(&cmd), refused);
+        }
     }
 
     #[test]

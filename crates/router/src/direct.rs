@@ -1,12 +1,12 @@
 //! The router's own answers to messages that start no run (`/stop`, a blocked message, a
 //! pairing code) and its records in the security audit.
 
-use agentloop_bus::error_chain;
 use agentloop_proto::EventPhase;
 use agentloop_proto::v1::{AuditRecord, ControlMessage, InboundMessage, OutboundMessage};
 use agentloop_scanner::Scan;
 
 use crate::ctx::Ctx;
+use crate::error::RouteFailure;
 use crate::screen::{scan_record, security_event};
 
 /// Counts one of the guard's decisions in `agentloop_security_decisions_total`.
@@ -20,14 +20,14 @@ pub(crate) fn count(ctx: &Ctx, source: &str, decision: &str) {
 }
 
 /// Appends `record` to the security audit (memory dedupes a redelivered message's record).
-pub(crate) async fn audit(ctx: &Ctx, record: AuditRecord) -> Result<(), String> {
+pub(crate) async fn audit(ctx: &Ctx, record: AuditRecord) -> Result<(), RouteFailure> {
     count(ctx, &record.source, &record.decision);
     ctx.sessions
         .clone()
         .record_audit(record)
         .await
         .map(|_| ())
-        .map_err(|status| format!("memory (audit): {}", status.message()))
+        .map_err(|status| RouteFailure::memory("audit", &status))
 }
 
 /// `/stop`: aborts the session's live run (its owner answers it with "Stopped.") and confirms.
@@ -35,7 +35,7 @@ pub(crate) async fn stop(
     ctx: &Ctx,
     session_id: &str,
     inbound: InboundMessage,
-) -> Result<(), String> {
+) -> Result<(), RouteFailure> {
     let abort = ControlMessage {
         session_id: session_id.to_owned(),
         action: agentloop_proto::ControlAction::Abort.as_str().to_owned(),
@@ -47,8 +47,7 @@ pub(crate) async fn stop(
             &abort,
             agentloop_proto::Encoding::Proto,
         )
-        .await
-        .map_err(|e| error_chain(&e))?;
+        .await?;
     reply_directly(
         ctx,
         session_id,
@@ -69,7 +68,7 @@ pub(crate) async fn reply_directly(
     inbound: InboundMessage,
     text: String,
     msg_id: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), RouteFailure> {
     let reply = OutboundMessage {
         session_key: inbound.session_key,
         session_id: session_id.to_owned(),
@@ -90,8 +89,8 @@ pub(crate) async fn reply_directly(
             &reply,
             msg_id,
         )
-        .await
-        .map_err(|e| error_chain(&e))
+        .await?;
+    Ok(())
 }
 
 /// A message the scanner blocks: nothing of it goes on (no run, no transcript entry); the
@@ -102,7 +101,7 @@ pub(crate) async fn block(
     run_id: &str,
     inbound: InboundMessage,
     scan: &Scan,
-) -> Result<(), String> {
+) -> Result<(), RouteFailure> {
     let top = scan.top();
     tracing::warn!(
         session_key = %inbound.session_key,

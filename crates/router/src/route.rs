@@ -22,6 +22,7 @@ use agentloop_scanner::Decision;
 
 use crate::ctx::Ctx;
 use crate::direct;
+use crate::error::RouteFailure;
 use crate::pairing::{self, Gate};
 use crate::screen::{mark, scan_record, security_event};
 
@@ -219,19 +220,14 @@ async fn route_one(ctx: &Ctx, routed: Routed) {
     let Routed { msg, inbound, .. } = routed;
     // Retried here rather than handed back: a message handed back would lose its place behind
     // the next messages of its session, which must stay in order.
-    let published = retry(
-        "route",
-        PUBLISH_RUN,
-        |_| true,
-        || async {
-            let published = publish_run(ctx, &msg, inbound.clone()).await;
-            if published.is_err() {
-                // The wait before the next try must not let the message's ack deadline pass.
-                let _ = msg.ack_with(AckKind::Progress).await;
-            }
-            published
-        },
-    )
+    let published = retry("route", PUBLISH_RUN, RouteFailure::passes, || async {
+        let published = publish_run(ctx, &msg, inbound.clone()).await;
+        if published.is_err() {
+            // The wait before the next try must not let the message's ack deadline pass.
+            let _ = msg.ack_with(AckKind::Progress).await;
+        }
+        published
+    })
     .await;
     match published {
         Ok(()) => {
@@ -241,10 +237,16 @@ async fn route_one(ctx: &Ctx, routed: Routed) {
             // message id and by the inbox's idempotency key.
             ctx.acks.ack(msg);
         }
-        Err(err) => {
+        Err(RouteFailure::Transient(reason)) => {
             ctx.retried.inc();
             ctx.in_turn.handed_back(&msg, &inbound.session_key);
-            ctx.dead_letters.retry_later(&msg, &err).await;
+            ctx.dead_letters.retry_later(&msg, &reason).await;
+        }
+        Err(RouteFailure::Permanent(reason)) => {
+            ctx.dead_letters
+                .reject(&msg, DeadReason::Refused, &reason)
+                .await;
+            ctx.in_turn.settled(&msg, &inbound.session_key);
         }
     }
 }
@@ -253,7 +255,7 @@ async fn publish_run(
     ctx: &Ctx,
     msg: &jetstream::Message,
     inbound: InboundMessage,
-) -> Result<(), String> {
+) -> Result<(), RouteFailure> {
     // A message without a client key is keyed by its stream position, which a redelivery keeps.
     let idempotency_key = if inbound.idempotency_key.is_empty() {
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
@@ -328,8 +330,7 @@ async fn publish_run(
     let msg_id = command.message_id.clone();
     ctx.bus
         .publish_durable(ctx.bus.subjects().run(&session.id), &command, Some(&msg_id))
-        .await
-        .map_err(|e| error_chain(&e))?;
+        .await?;
     if let Some(scan) = &flagged {
         direct::audit(
             ctx,
@@ -366,7 +367,7 @@ async fn admit(
     ctx: &Ctx,
     inbound: InboundMessage,
     idempotency_key: &str,
-) -> Result<Option<InboundMessage>, String> {
+) -> Result<Option<InboundMessage>, RouteFailure> {
     let request = match pairing::gate(ctx.config.channels.access(&inbound.channel), &inbound) {
         Gate::Pass => return Ok(Some(inbound)),
         Gate::Refuse(reason) => {
@@ -398,12 +399,14 @@ async fn admit(
         .clone()
         .check_sender(request)
         .await
-        .map_err(|status| format!("memory: {}", status.message()))?
+        .map_err(|status| RouteFailure::memory("check sender", &status))?
         .into_inner();
     let outcome: SenderAccess = checked
         .outcome
         .parse()
-        .map_err(|e| format!("memory: {e}"))?;
+        // A word this router does not know yet: a newer memory, which it will know once
+        // upgraded too.
+        .map_err(|e| RouteFailure::Transient(format!("memory (check sender): {e}")))?;
     if outcome != SenderAccess::Allowed {
         direct::count(ctx, AuditSource::Pairing.as_str(), outcome.as_str());
     }
@@ -433,7 +436,7 @@ async fn admit(
 
 /// Resolves the session, from the cache when it was resolved in the last
 /// `session_cache_ttl_ms` (a session's id never changes; its overrides may lag that long).
-async fn resolve(ctx: &Ctx, inbound: &InboundMessage) -> Result<Session, String> {
+async fn resolve(ctx: &Ctx, inbound: &InboundMessage) -> Result<Session, RouteFailure> {
     let ttl = Duration::from_millis(ctx.config.router.session_cache_ttl_ms);
     let cache_key = format!("{}\u{0}{}", inbound.agent_id, inbound.session_key);
     if !ttl.is_zero()
@@ -456,7 +459,7 @@ async fn resolve(ctx: &Ctx, inbound: &InboundMessage) -> Result<Session, String>
             channel: inbound.channel.clone(),
         })
         .await
-        .map_err(|status| format!("memory: {}", status.message()))?
+        .map_err(|status| RouteFailure::memory("resolve session", &status))?
         .into_inner();
     if !ttl.is_zero() {
         let mut cache = ctx.cache.lock().unwrap_or_else(PoisonError::into_inner);

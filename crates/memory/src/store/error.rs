@@ -15,6 +15,9 @@ const FOREIGN_KEY_VIOLATION: &str = "23503";
 const DATA_EXCEPTION_CLASS: &str = "22";
 /// SQLSTATE class 23, integrity constraint violation (not null, check, unique).
 const CONSTRAINT_VIOLATION_CLASS: &str = "23";
+/// SQLSTATE class 54, program limit exceeded: a value past what an index row holds, a statement
+/// too large. The same request fails the same way every time.
+const PROGRAM_LIMIT_CLASS: &str = "54";
 const SERIALIZATION_FAILURE: &str = "40001";
 const DEADLOCK_DETECTED: &str = "40P01";
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -42,9 +45,15 @@ pub(crate) fn translate(err: sqlx::Error, session_id: Uuid) -> MemoryError {
     }
 }
 
-/// Returns whether a SQLSTATE says the data itself was refused (classes 22 and 23).
+/// Returns whether a SQLSTATE says the data itself was refused (classes 22, 23 and 54).
 fn is_invalid_data(code: &str) -> bool {
-    code.starts_with(DATA_EXCEPTION_CLASS) || code.starts_with(CONSTRAINT_VIOLATION_CLASS)
+    [
+        DATA_EXCEPTION_CLASS,
+        CONSTRAINT_VIOLATION_CLASS,
+        PROGRAM_LIMIT_CLASS,
+    ]
+    .iter()
+    .any(|class| code.starts_with(class))
 }
 
 /// Returns whether retrying later may succeed: the database is out of reach (see
@@ -128,8 +137,9 @@ mod tests {
 
     #[test]
     fn data_exceptions_and_constraint_violations_are_invalid_data() {
-        // 22021: a NUL byte in text; 22001: a string too long; 23505: a unique violation.
-        for code in ["22021", "22P05", "22001", "23505", "23514"] {
+        // 22021: a NUL byte in text; 22001: a string too long; 23505: a unique violation;
+        // 54000: an index row past its size.
+        for code in ["22021", "22P05", "22001", "23505", "23514", "54000"] {
             assert!(is_invalid_data(code), "{code}");
         }
         for code in ["40001", "08006", "57014", "XX000", "42P01"] {
