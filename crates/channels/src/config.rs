@@ -121,6 +121,7 @@ pub struct WebhookConfig {
     /// Who may write (`open` by default: requests are signed by a program of your own).
     pub dm_policy: DmPolicy,
     /// Senders always let in, whatever the policy (except `disabled`).
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub allow_from: Vec<String>,
 }
 
@@ -159,6 +160,7 @@ pub struct SlackConfig {
     /// Who may write in direct messages (`pairing` by default).
     pub dm_policy: DmPolicy,
     /// Senders (user ids) always let in, whatever the policy (except `disabled`).
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub allow_from: Vec<String>,
 }
 
@@ -220,6 +222,7 @@ pub struct TelegramConfig {
     /// for an operator to approve, and nothing else).
     pub dm_policy: DmPolicy,
     /// Senders (Telegram user ids) always let in, whatever the policy (except `disabled`).
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub allow_from: Vec<String>,
 }
 

@@ -107,6 +107,18 @@ mod tests {
     }
 
     #[test]
+    fn a_channels_allow_list_and_the_scanners_rule_files_come_as_comma_separated_text() {
+        let config = load(&[
+            ("AGENTLOOP_CHANNELS__TELEGRAM__ALLOW_FROM", "4242, 77"),
+            ("AGENTLOOP_CHANNELS__SLACK__ALLOW_FROM", "U1"),
+            ("AGENTLOOP_SCANNER__RULES_FILES", "/etc/a.toml,/etc/b.toml"),
+        ]);
+        assert_eq!(config.channels.telegram.allow_from, ["4242", "77"]);
+        assert_eq!(config.channels.slack.allow_from, ["U1"]);
+        assert_eq!(config.scanner.rules_files, ["/etc/a.toml", "/etc/b.toml"]);
+    }
+
+    #[test]
     fn the_default_model_is_the_shared_one_unless_configured() {
         assert_eq!(
             load(&[]).models.default_model,

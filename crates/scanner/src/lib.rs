@@ -363,7 +363,8 @@ pub struct Thresholds {
 pub struct ScannerConfig {
     /// Whether texts are scanned at all.
     pub enabled: bool,
-    /// Rule files read at startup, besides the built-in rules.
+    /// Rule files read at startup, besides the built-in rules (a list, or comma-separated).
+    #[serde(deserialize_with = "agentloop_lifecycle::list_or_commas")]
     pub rules_files: Vec<String>,
     /// The level from which a text is blocked (`high`).
     pub block_at: ThreatLevel,
