@@ -368,3 +368,46 @@ async fn a_socket_that_floods_without_reading_loses_its_place_at_the_connect_dea
     gateway.stop().await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_socket_cannot_open_subscriptions_without_end() {
+    // Each subscription holds a task and a NATS subscription to every event until the socket
+    // closes; a client asking for one after another, within its request rate, would hold them
+    // all.
+    let sandbox = Sandbox::start().await.unwrap();
+    let gateway = Gateway::start(&sandbox, json!({"max_requests_in_flight": 4}))
+        .await
+        .unwrap();
+    let mut greedy = Client::connected_at(gateway.addr, None).await.unwrap();
+
+    // Act
+    let mut answers = Vec::new();
+    for _ in 0..6 {
+        answers.push(greedy.call("sessions.subscribe", json!({})).await.unwrap());
+    }
+    let other = greedy.call("sessions.list", json!({})).await.unwrap();
+
+    // Assert: four held, the rest refused as retryable, naming the cap.
+    for answer in &answers[..4] {
+        assert_eq!(answer["ok"], true, "{answer}");
+    }
+    for answer in &answers[4..] {
+        assert_eq!(answer["error"]["code"], "RATE_LIMITED", "{answer}");
+        assert_eq!(answer["error"]["retryable"], true, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("in flight") && message.contains('4'),
+            "{answer}"
+        );
+    }
+    assert_eq!(other["error"]["code"], "RATE_LIMITED", "{other}");
+    // Closing the socket gives its places back; a new one is served.
+    drop(greedy);
+    let mut next = Client::connected_at(gateway.addr, None).await.unwrap();
+    let subscribed = next.call("sessions.subscribe", json!({})).await.unwrap();
+    assert_eq!(subscribed["ok"], true, "{subscribed}");
+    let list = next.call("sessions.list", json!({})).await.unwrap();
+    assert_eq!(list["ok"], true, "{list}");
+    gateway.stop().await.unwrap();
+    sandbox.shutdown().await.unwrap();
+}

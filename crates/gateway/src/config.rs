@@ -134,6 +134,10 @@ pub struct GatewaySettings {
     pub max_unauthenticated: usize,
     /// WebSockets open at once from one client address.
     pub max_connections_per_client: usize,
+    /// Requests one WebSocket may have open at once; a subscription (`sessions.subscribe`,
+    /// `inbox.subscribe`, `approvals.subscribe`) counts until the socket closes. One more is
+    /// answered `RATE_LIMITED`.
+    pub max_requests_in_flight: usize,
     /// Failed authentications one client address may make before it is throttled (each
     /// further failure doubles its wait, up to five minutes).
     pub auth_failures_allowed: u32,
@@ -169,6 +173,7 @@ impl Default for GatewaySettings {
             connect_timeout_ms: 10_000,
             max_unauthenticated: 256,
             max_connections_per_client: 100,
+            max_requests_in_flight: 64,
             auth_failures_allowed: 5,
             max_timeout_ms: 3_600_000,
             dev_mode: false,

@@ -98,6 +98,14 @@ pub enum RequestError {
         /// The configured rate.
         per_sec: u32,
     },
+    /// The client has as many requests open as it may (long ones: subscriptions, waits, runs).
+    #[error(
+        "too many requests in flight: at most {max} at once (subscriptions count until closed)"
+    )]
+    TooManyInFlight {
+        /// The configured cap.
+        max: usize,
+    },
     /// The client address failed authentication too often; it may try again later.
     #[error("too many failed authentications from this address; retry in {retry_after_ms} ms")]
     AuthThrottled {
@@ -133,7 +141,9 @@ impl RequestError {
                 "INVALID_REQUEST"
             }
             Self::UnknownMethod(_) => "UNKNOWN_METHOD",
-            Self::RateLimited { .. } | Self::AuthThrottled { .. } => "RATE_LIMITED",
+            Self::RateLimited { .. }
+            | Self::TooManyInFlight { .. }
+            | Self::AuthThrottled { .. } => "RATE_LIMITED",
             Self::FrameTooLarge { .. } => "FRAME_TOO_LARGE",
             Self::NotFound(_) => "NOT_FOUND",
             Self::Forbidden(_) => "FORBIDDEN",
@@ -171,7 +181,10 @@ impl RequestError {
     pub fn retryable(&self) -> bool {
         matches!(
             self,
-            Self::RateLimited { .. } | Self::AuthThrottled { .. } | Self::Unavailable(_)
+            Self::RateLimited { .. }
+                | Self::TooManyInFlight { .. }
+                | Self::AuthThrottled { .. }
+                | Self::Unavailable(_)
         )
     }
 }

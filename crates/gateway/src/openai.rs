@@ -52,7 +52,9 @@ impl From<RequestError> for ApiError {
             }
             RequestError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error"),
             RequestError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error"),
-            RequestError::RateLimited { .. } | RequestError::AuthThrottled { .. } => {
+            RequestError::RateLimited { .. }
+            | RequestError::TooManyInFlight { .. }
+            | RequestError::AuthThrottled { .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
             }
             RequestError::FrameTooLarge { .. } => {

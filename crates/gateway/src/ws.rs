@@ -212,6 +212,16 @@ async fn connection(
                 method,
                 params,
             } => {
+                // Each open request holds a task, and a subscription a NATS subscription to
+                // every event: without a cap one socket could open them until memory ran out.
+                let max = state.config.gateway.max_requests_in_flight;
+                if in_flight.len() >= max {
+                    let refusal = err(&id, &RequestError::TooManyInFlight { max });
+                    if !queue(&out_tx, refusal, until).await {
+                        break;
+                    }
+                    continue;
+                }
                 let (state, out_tx, closed) = (state.clone(), out_tx.clone(), closed.clone());
                 // One trace per request, not one per connection: a connection lives for hours.
                 let span = tracing::info_span!(
