@@ -411,3 +411,49 @@ async fn a_socket_cannot_open_subscriptions_without_end() {
     gateway.stop().await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_address_cannot_hold_more_completions_open_than_its_cap() {
+    // Each open completion waits on a run; an address opening them without end would hold
+    // the gateway's tasks and the runners' queues for everyone.
+    let sandbox = Sandbox::start_with(crate::harness::SandboxOptions {
+        gateway: Some(Box::new(|g| g.max_http_in_flight_per_client = 2)),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("http://{}/v1/chat/completions", sandbox.gateway_addr);
+    let http = reqwest::Client::new();
+    let ask = |user: &str, text: &str| {
+        http.post(&url)
+            .json(&json!({"model": "agentloop", "user": user,
+                          "messages": [{"role": "user", "content": text}]}))
+            .send()
+    };
+
+    // Act: two slow completions open, then a third.
+    let slow = tokio::spawn(futures::future::join(
+        ask("held-1", "[[delay_ms:1500]] one"),
+        ask("held-2", "[[delay_ms:1500]] two"),
+    ));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let refused = ask("third", "three").await.unwrap();
+    let (one, two) = slow.await.unwrap();
+    let after = ask("third", "three again").await.unwrap();
+
+    // Assert
+    assert_eq!(refused.status().as_u16(), 429);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("in flight"),
+        "{body}"
+    );
+    assert_eq!(one.unwrap().status().as_u16(), 200);
+    assert_eq!(two.unwrap().status().as_u16(), 200);
+    assert_eq!(after.status().as_u16(), 200, "the places came back");
+    sandbox.shutdown().await.unwrap();
+}

@@ -138,6 +138,9 @@ pub struct GatewaySettings {
     /// `inbox.subscribe`, `approvals.subscribe`) counts until the socket closes. One more is
     /// answered `RATE_LIMITED`.
     pub max_requests_in_flight: usize,
+    /// `/v1/chat/completions` requests one client address may have open at once (a stream
+    /// counts until its last event); one more is answered 429.
+    pub max_http_in_flight_per_client: usize,
     /// Failed authentications one client address may make before it is throttled (each
     /// further failure doubles its wait, up to five minutes).
     pub auth_failures_allowed: u32,
@@ -174,6 +177,7 @@ impl Default for GatewaySettings {
             max_unauthenticated: 256,
             max_connections_per_client: 100,
             max_requests_in_flight: 64,
+            max_http_in_flight_per_client: 256,
             auth_failures_allowed: 5,
             max_timeout_ms: 3_600_000,
             dev_mode: false,

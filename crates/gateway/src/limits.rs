@@ -1,5 +1,5 @@
-//! What one client may hold or try: WebSockets per address, WebSockets waiting for `connect`
-//! over all clients, and failed authentications per address.
+//! What one client may hold or try: WebSockets per address, `/v1` requests open per address,
+//! WebSockets waiting for `connect` over all clients, and failed authentications per address.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -33,10 +33,12 @@ pub(crate) struct Limits {
 }
 
 struct Inner {
-    per_client_max: usize,
     unauthenticated_max: usize,
     failures_allowed: u32,
-    per_client: Mutex<HashMap<IpAddr, usize>>,
+    /// WebSockets open, per address.
+    sockets: PerAddress,
+    /// `/v1` requests open, per address.
+    http: PerAddress,
     unauthenticated: AtomicUsize,
     /// How many addresses have failures on record: the common case (none) skips the lock.
     failing: AtomicUsize,
@@ -57,8 +59,58 @@ struct Failures {
     blocked_until: Option<Instant>,
 }
 
+/// How many of something each address holds, up to a cap; an address holding none takes no
+/// room.
+struct PerAddress {
+    max: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerAddress {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            held: Mutex::default(),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes one for `ip`; false when it holds its cap already.
+    fn take(&self, ip: IpAddr) -> bool {
+        let mut held = self.held();
+        let count = held.entry(ip).or_insert(0);
+        if *count >= self.max {
+            if *count == 0 {
+                held.remove(&ip);
+            }
+            return false;
+        }
+        *count += 1;
+        true
+    }
+
+    fn give_back(&self, ip: IpAddr) {
+        let mut held = self.held();
+        if let Some(count) = held.get_mut(&ip) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&ip);
+            }
+        }
+    }
+}
+
 /// A WebSocket of one client address; dropping it frees the place.
 pub(crate) struct ClientSlot {
+    limits: Limits,
+    ip: IpAddr,
+}
+
+/// An open `/v1` request of one client address; dropping it frees the place.
+pub(crate) struct HttpSlot {
     limits: Limits,
     ip: IpAddr,
 }
@@ -72,10 +124,10 @@ impl Limits {
     pub(crate) fn new(settings: &GatewaySettings) -> Self {
         Self {
             inner: Arc::new(Inner {
-                per_client_max: settings.max_connections_per_client,
+                sockets: PerAddress::new(settings.max_connections_per_client),
+                http: PerAddress::new(settings.max_http_in_flight_per_client),
                 unauthenticated_max: settings.max_unauthenticated,
                 failures_allowed: settings.auth_failures_allowed,
-                per_client: Mutex::default(),
                 unauthenticated: AtomicUsize::new(0),
                 failing: AtomicUsize::new(0),
                 failures: Mutex::default(),
@@ -88,20 +140,8 @@ impl Limits {
     /// # Errors
     /// The [`Refusal`] to answer the upgrade with.
     pub(crate) fn open(&self, ip: IpAddr) -> Result<(ClientSlot, PendingSlot), Refusal> {
-        {
-            let mut per_client = self
-                .inner
-                .per_client
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let count = per_client.entry(ip).or_insert(0);
-            if *count >= self.inner.per_client_max {
-                if *count == 0 {
-                    per_client.remove(&ip);
-                }
-                return Err(Refusal::TooManyFromClient);
-            }
-            *count += 1;
+        if !self.inner.sockets.take(ip) {
+            return Err(Refusal::TooManyFromClient);
         }
         let client = ClientSlot {
             limits: self.clone(),
@@ -115,6 +155,23 @@ impl Limits {
             return Err(Refusal::TooManyUnauthenticated);
         }
         Ok((client, pending))
+    }
+
+    /// Takes a place for a `/v1` request of `ip`, held until the response is complete (a
+    /// stream's last event).
+    ///
+    /// # Errors
+    /// [`RequestError::TooManyInFlight`] when the address has all its requests open.
+    pub(crate) fn http_request(&self, ip: IpAddr) -> Result<HttpSlot, RequestError> {
+        if !self.inner.http.take(ip) {
+            return Err(RequestError::TooManyInFlight {
+                max: self.inner.http.max,
+            });
+        }
+        Ok(HttpSlot {
+            limits: self.clone(),
+            ip,
+        })
     }
 
     /// Refuses an address that is waiting out failed authentications.
@@ -206,18 +263,13 @@ impl Limits {
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
-        let mut per_client = self
-            .limits
-            .inner
-            .per_client
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = per_client.get_mut(&self.ip) {
-            *count -= 1;
-            if *count == 0 {
-                per_client.remove(&self.ip);
-            }
-        }
+        self.limits.inner.sockets.give_back(self.ip);
+    }
+}
+
+impl Drop for HttpSlot {
+    fn drop(&mut self) {
+        self.limits.inner.http.give_back(self.ip);
     }
 }
 
@@ -238,6 +290,25 @@ mod tests {
         let mut settings = GatewaySettings::default();
         f(&mut settings);
         Limits::new(&settings)
+    }
+
+    #[test]
+    fn open_http_requests_are_capped_per_address_and_freed() {
+        let limits = limits(|s| s.max_http_in_flight_per_client = 2);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = limits.http_request(a).unwrap();
+        let _second = limits.http_request(a).unwrap();
+        assert!(matches!(
+            limits.http_request(a),
+            Err(RequestError::TooManyInFlight { max: 2 })
+        ));
+        assert!(
+            limits.http_request(b).is_ok(),
+            "another address has its own"
+        );
+        drop(first);
+        assert!(limits.http_request(a).is_ok());
     }
 
     #[test]

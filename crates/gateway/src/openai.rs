@@ -182,6 +182,8 @@ async fn complete(
     let client = state.guard.client_ip(peer, &headers);
     let principal = state.authorize(client, bearer(&headers))?;
     principal.require(Scope::Write)?;
+    // Held until the answer is out (a stream's last event): each open request waits on a run.
+    let slot = state.limits.http_request(client)?;
     let body = body.map_err(|e| ApiError {
         status: e.status(),
         ..RequestError::InvalidRequest(format!("invalid request body: {}", e.body_text())).into()
@@ -244,6 +246,7 @@ async fn complete(
     let created = created_now();
     if !request.stream {
         let finished = accepted.finish(|_| async {}).await;
+        drop(slot);
         let finished = settle(finished)?;
         let body = json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
@@ -309,6 +312,7 @@ async fn complete(
             }
         }
         let _ = tx.send(Event::default().data("[DONE]")).await;
+        drop(slot);
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
