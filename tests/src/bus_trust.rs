@@ -5,9 +5,10 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::Row as _;
 
+use agentloop_agent_runner::{ExternalHookConfig, HookPoint};
 use agentloop_bus::{HEADER_ERROR, HEADER_SERVICE};
 use agentloop_fake_model::ScriptedReply;
 use agentloop_proto::Encoding;
@@ -61,6 +62,11 @@ async fn the_shipped_permissions_refuse_strangers_and_keep_each_service_to_its_s
             "$JS.API.STREAM.MSG.GET.AGENTLOOP_RUNS",
         ),
         ("router", Attempt::Subscribe, "_INBOX.runner.>"),
+        // A hook service answers what it is asked and reads nothing else.
+        ("hook", Attempt::Subscribe, "agentloop.inbound.>"),
+        ("hook", Attempt::Subscribe, "agentloop.events.>"),
+        ("hook", Attempt::Publish, "agentloop.inbound.cli"),
+        ("hook", Attempt::Publish, "agentloop.outbound.cli"),
     ];
     for (user, attempt, subject) in attempts {
         let (client, mut errors) = secured::connect_as(&nats, user).await.unwrap();
@@ -233,6 +239,49 @@ async fn a_tool_server_logged_in_as_tool_serves_the_runner() {
     let requests = stack.fake.requests();
     let messages = &requests[requests.len() - 1].body["messages"];
     assert_eq!(messages.as_array().unwrap().last().unwrap()["content"], "3");
+    let log = stack.nats.log();
+    assert!(!log.contains("Violation"), "something was refused:\n{log}");
+    stack.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hook_service_logged_in_as_hook_reviews_the_runners_replies() {
+    let stack = SecuredStack::start_with_runner(Box::new(|runner| {
+        runner.runner.hooks.push(ExternalHookConfig {
+            point: HookPoint::MessageSending,
+            subject: "agentloop.hook.review".to_owned(),
+            timeout_ms: 5_000,
+            fail_open: false,
+        });
+    }))
+    .await
+    .unwrap();
+    let (hook, _) = secured::connect_as(&stack.nats, "hook").await.unwrap();
+    let mut calls = hook.subscribe("agentloop.hook.>").await.unwrap();
+    hook.flush().await.unwrap();
+    let answering = hook.clone();
+    tokio::spawn(async move {
+        while let Some(call) = calls.next().await {
+            let body: Value = serde_json::from_slice(&call.payload).unwrap_or_default();
+            let text = format!("reviewed: {}", body["text"].as_str().unwrap_or_default());
+            if let Some(reply) = call.reply {
+                let _ = answering
+                    .publish(reply, json!({"text": text}).to_string().into())
+                    .await;
+            }
+        }
+    });
+    let (client, _) = secured::connect_as(&stack.nats, "client").await.unwrap();
+    let mut replies = client.subscribe("agentloop.deliver.cli.>").await.unwrap();
+
+    let ask = json!({"sessionKey": "cli:hooked", "text": "hello"});
+    client
+        .publish("agentloop.inbound.cli", ask.to_string().into())
+        .await
+        .unwrap();
+
+    let reply = next_reply(&mut replies, WAIT).await.unwrap();
+    assert_eq!(reply.text, "reviewed: echo: hello");
     let log = stack.nats.log();
     assert!(!log.contains("Violation"), "something was refused:\n{log}");
     stack.shutdown().await.unwrap();

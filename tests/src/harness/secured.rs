@@ -32,7 +32,7 @@ pub fn start_nats() -> anyhow::Result<NatsServer> {
 /// Like [`start_nats`], with another users file (the shipped one changed by a test).
 pub fn start_nats_from(conf: &std::path::Path) -> anyhow::Result<NatsServer> {
     let env: Vec<(String, String)> = [
-        "gateway", "router", "runner", "delivery", "tool", "client", "admin",
+        "gateway", "router", "runner", "delivery", "tool", "hook", "client", "admin",
     ]
     .iter()
     .map(|user| {
@@ -98,9 +98,22 @@ impl SecuredStack {
         Self::start_from(&auth_conf(), "").await
     }
 
+    /// Like [`SecuredStack::start`], with the runner's configuration changed by `tweak`.
+    pub async fn start_with_runner(tweak: super::RunnerTweak) -> anyhow::Result<Self> {
+        Self::start_with(&auth_conf(), "", Some(tweak)).await
+    }
+
     /// Like [`SecuredStack::start`], with another users file and the runner's admin endpoint
     /// on `runner_admin` (empty: none).
     pub async fn start_from(conf: &std::path::Path, runner_admin: &str) -> anyhow::Result<Self> {
+        Self::start_with(conf, runner_admin, None).await
+    }
+
+    async fn start_with(
+        conf: &std::path::Path,
+        runner_admin: &str,
+        runner_tweak: Option<super::RunnerTweak>,
+    ) -> anyhow::Result<Self> {
         agentloop_telemetry::init_for_tests();
         let nats = start_nats_from(conf)?;
         let db = TestDatabase::create().await?;
@@ -132,6 +145,9 @@ impl SecuredStack {
         runner.models.openai_base_url = fake.openai_base_url();
         runner.models.request_timeout_ms = 5_000;
         runner.runner.admin_listen = runner_admin.to_owned();
+        if let Some(tweak) = runner_tweak {
+            tweak(&mut runner);
+        }
         services.push(handle("runner", move |t| {
             agentloop_agent_runner::run(runner, t)
         }));
