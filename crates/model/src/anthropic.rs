@@ -6,7 +6,9 @@ use serde_json::{Value, json};
 
 use crate::openai::parse_arguments;
 use crate::sse::SseEvent;
-use crate::types::{ChatMessage, ChatRequest, StopReason, StreamEvent, ToolCall, Usage};
+use crate::types::{
+    ChatMessage, ChatRequest, MAX_TOOL_CALLS, StopReason, StreamEvent, ToolCall, Usage,
+};
 use crate::{ModelError, Provider};
 
 /// Returns the streaming request body.
@@ -151,6 +153,11 @@ impl Decoder {
             "content_block_start" => {
                 let block = &data["content_block"];
                 match block["type"].as_str() {
+                    Some("tool_use") if self.tool_uses.len() >= MAX_TOOL_CALLS => {
+                        return Err(protocol(format!(
+                            "more than the {MAX_TOOL_CALLS} tool calls an answer may hold"
+                        )));
+                    }
                     Some("tool_use") => self.tool_uses.push(PartialToolUse {
                         index: data["index"].as_u64().unwrap_or(0),
                         id: block["id"].as_str().unwrap_or("").to_owned(),
@@ -245,5 +252,31 @@ impl Decoder {
     /// Handles the end of the body: without `message_stop` the answer is incomplete.
     pub(crate) fn on_eof(&mut self, _out: &mut VecDeque<StreamEvent>) -> Result<(), ModelError> {
         Err(protocol("stream ended before message_stop".to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_with_more_tool_calls_than_the_cap_is_a_protocol_error() {
+        let mut decoder = Decoder::default();
+        let mut out = VecDeque::new();
+        let start = |index: usize| SseEvent {
+            event: Some("content_block_start".to_owned()),
+            data: json!({"type": "content_block_start", "index": index,
+                         "content_block": {"type": "tool_use", "id": format!("t{index}"),
+                                           "name": "x", "input": {}}})
+            .to_string(),
+        };
+        for index in 0..MAX_TOOL_CALLS {
+            assert!(decoder.on_event(&start(index), &mut out).is_ok());
+        }
+        let past = decoder.on_event(&start(MAX_TOOL_CALLS), &mut out);
+        assert!(
+            matches!(&past, Err(ModelError::Protocol { message, .. }) if message.contains("tool calls")),
+            "{past:?}"
+        );
     }
 }

@@ -29,8 +29,8 @@ pub use model_ref::{ModelRef, Provider};
 pub use redact::{Secret, redact_secrets};
 pub use stream::ModelStream;
 pub use types::{
-    ChatMessage, ChatRequest, ChatResponse, Credential, StopReason, StreamEvent, ToolCall,
-    ToolSpec, Usage,
+    ChatMessage, ChatRequest, ChatResponse, Credential, MAX_TOOL_CALLS, StopReason, StreamEvent,
+    ToolCall, ToolSpec, Usage,
 };
 
 /// A pooled client for every provider; cheap to clone.
@@ -173,7 +173,7 @@ impl ModelClient {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
-            let body = tokio::time::timeout_at(deadline, response.bytes())
+            let body = tokio::time::timeout_at(deadline, error_body(response))
                 .await
                 .map_err(|_| timed_out())?
                 .map_err(|err| ModelError::transport(provider, url, err))?;
@@ -261,4 +261,21 @@ fn post<'a>(
 fn endpoint(field: &str, url: &str) -> Result<reqwest::Url, ModelError> {
     reqwest::Url::parse(url)
         .map_err(|err| ModelError::InvalidConfig(format!("{field} gives {url:?}: {err}")))
+}
+
+/// The most of an error response's body read: enough for any provider's error object, while a
+/// body without end is not held.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Reads an error response's body, up to [`MAX_ERROR_BODY`] bytes (the rest is left unread).
+async fn error_body(mut response: reqwest::Response) -> reqwest::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        let Some(chunk) = response.chunk().await? else {
+            break;
+        };
+        let room = MAX_ERROR_BODY - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    Ok(body)
 }

@@ -14,6 +14,11 @@ use crate::{ModelError, Provider, anthropic, openai};
 
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
+/// The most bytes one streamed response may carry. Its text, call arguments and any line not
+/// yet ended are held in memory, so a provider (or whoever answers in its place) streaming
+/// without end is cut off here; a 32k-token answer is about 7 MiB of chunks.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
 #[derive(Debug)]
 pub(crate) enum Decoder {
     OpenAi(openai::Decoder),
@@ -59,6 +64,8 @@ pub struct ModelStream {
     error: Option<ModelError>,
     idle_timeout: Duration,
     finished: bool,
+    /// Bytes of the body read so far (at most [`MAX_RESPONSE_BYTES`]).
+    received: usize,
     /// The call's place on its connection, given back with the stream.
     _slot: Slot,
 }
@@ -91,6 +98,7 @@ impl ModelStream {
             error: None,
             idle_timeout,
             finished: false,
+            received: 0,
             _slot: slot,
         }
     }
@@ -150,6 +158,18 @@ impl ModelStream {
                 self.error = Some(ModelError::transport(self.provider, &self.url, err));
             }
             Some(Ok(bytes)) => {
+                self.received = self.received.saturating_add(bytes.len());
+                if self.received > MAX_RESPONSE_BYTES {
+                    self.finished = true;
+                    self.error = Some(ModelError::Protocol {
+                        provider: self.provider,
+                        message: format!(
+                            "the response passed {} MiB, the most one answer may carry",
+                            MAX_RESPONSE_BYTES >> 20
+                        ),
+                    });
+                    return;
+                }
                 self.parser.push(&bytes, &mut self.events);
                 self.decode();
             }

@@ -168,3 +168,8 @@ pub struct ChatResponse {
     /// Token counts.
     pub usage: Usage,
 }
+
+/// The most tool calls one answer may hold. A stream naming more (or a call index past it) is a
+/// protocol error: a call index comes from the provider and sizes a buffer, and every call of
+/// an answer runs at once.
+pub const MAX_TOOL_CALLS: usize = 128;

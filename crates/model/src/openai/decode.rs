@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::sse::SseEvent;
-use crate::types::{StopReason, StreamEvent, ToolCall, Usage};
+use crate::types::{MAX_TOOL_CALLS, StopReason, StreamEvent, ToolCall, Usage};
 use crate::{ModelError, Provider};
 
 /// Returns parsed tool arguments, or the raw text as a JSON string when it is not JSON.
@@ -119,9 +119,18 @@ impl Decoder {
         }
         for (position, call) in delta.tool_calls.into_iter().flatten().enumerate() {
             // Some servers omit `index` when they send whole calls.
-            let index = call
-                .index
-                .map_or(self.calls.len() + position, |i| i as usize);
+            let index = call.index.map_or(Some(self.calls.len() + position), |i| {
+                usize::try_from(i).ok()
+            });
+            let Some(index) = index.filter(|i| *i < MAX_TOOL_CALLS) else {
+                return Err(ModelError::Protocol {
+                    provider: Provider::OpenAi,
+                    message: format!(
+                        "tool call index {:?} is past the {MAX_TOOL_CALLS} calls an answer may hold",
+                        call.index
+                    ),
+                });
+            };
             if self.calls.len() <= index {
                 self.calls.resize_with(index + 1, PartialCall::default);
             }
@@ -204,6 +213,25 @@ mod tests {
             }
         }
         (out.into_iter().collect(), last)
+    }
+
+    #[test]
+    fn a_tool_call_index_past_the_cap_is_a_protocol_error_not_a_panic_or_an_allocation() {
+        for index in [u64::MAX, 1 << 36, MAX_TOOL_CALLS as u64] {
+            let chunk = format!(
+                r#"{{"choices":[{{"delta":{{"tool_calls":[{{"index":{index},"id":"c","function":{{"name":"x","arguments":"{{}}"}}}}]}}}}]}}"#
+            );
+            let (_, last) = decode(&[&chunk]);
+            assert!(
+                matches!(&last, Err(ModelError::Protocol { message, .. }) if message.contains("past")),
+                "{index}: {last:?}"
+            );
+        }
+        let last_allowed = MAX_TOOL_CALLS - 1;
+        let chunk = format!(
+            r#"{{"choices":[{{"delta":{{"tool_calls":[{{"index":{last_allowed},"id":"c","function":{{"name":"x","arguments":"{{}}"}}}}]}}}}]}}"#
+        );
+        assert!(matches!(decode(&[&chunk]).1, Ok(false)));
     }
 
     #[test]
