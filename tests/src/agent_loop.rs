@@ -854,3 +854,55 @@ async fn a_long_tool_call_emits_update_events_between_start_and_result() {
     );
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_hook_given_more_than_ten_seconds_may_use_them() {
+    // The NATS client's own request timeout (10 s) must not cut a hook configured for longer.
+    let subject = format!("hooks{}.slow", &agentloop_bus::nuid()[24..]);
+    let hook_subject = subject.clone();
+    let sandbox = Sandbox::start_with(SandboxOptions {
+        runner: Some(Box::new(move |config| {
+            config
+                .runner
+                .hooks
+                .push(agentloop_agent_runner::ExternalHookConfig {
+                    point: HookPoint::MessageSending,
+                    subject: hook_subject,
+                    timeout_ms: 20_000,
+                    fail_open: false,
+                });
+        })),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut calls = sandbox.client.subscribe(subject).await.unwrap();
+    let client = sandbox.client.clone();
+    tokio::spawn(async move {
+        while let Some(call) = calls.next().await {
+            let body: Value = serde_json::from_slice(&call.payload).unwrap_or_default();
+            tokio::time::sleep(Duration::from_millis(10_500)).await;
+            let text = format!("slowly: {}", body["text"].as_str().unwrap_or_default());
+            if let Some(reply) = call.reply {
+                let _ = client
+                    .publish(reply, json!({"text": text}).to_string().into())
+                    .await;
+            }
+        }
+    });
+    let mut replies = sandbox.subscribe("deliver.>").await;
+
+    sandbox
+        .publish_json(
+            "cli",
+            json!({"sessionKey": "slow-hook", "text": "take your time"}),
+        )
+        .await
+        .unwrap();
+
+    let reply = next_reply(&mut replies, Duration::from_secs(40))
+        .await
+        .unwrap();
+    assert_eq!(reply.text, "slowly: echo: take your time");
+    sandbox.shutdown().await.unwrap();
+}

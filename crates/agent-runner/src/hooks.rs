@@ -132,10 +132,13 @@ impl Hook for ExternalHook {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Content-Type", "application/json");
             agentloop_telemetry::inject_nats(&mut headers);
-            let request = self.client.request_with_headers(
+            // The hook's own timeout below decides, not the client's 10 s default.
+            let request = self.client.send_request(
                 self.config.subject.clone(),
-                headers,
-                payload.to_string().into(),
+                async_nats::Request::new()
+                    .headers(headers)
+                    .payload(payload.to_string().into())
+                    .timeout(None),
             );
             let reply =
                 tokio::time::timeout(Duration::from_millis(self.config.timeout_ms), request)

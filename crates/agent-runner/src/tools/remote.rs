@@ -221,9 +221,15 @@ impl Tool for RemoteTool {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Content-Type", "application/json");
             agentloop_telemetry::inject_nats(&mut headers);
+            // No client timeout of its own (async-nats would cut every call at 10 s): the
+            // tool's timeout around this call decides, as it does for every tool.
+            let request = async_nats::Request::new()
+                .headers(headers)
+                .payload(request.to_string().into())
+                .timeout(None);
             let reply = self
                 .client
-                .request_with_headers(self.subject.clone(), headers, request.to_string().into())
+                .send_request(self.subject.clone(), request)
                 .await
                 .map_err(|e| {
                     ToolError(format!(
