@@ -906,3 +906,40 @@ async fn a_hook_given_more_than_ten_seconds_may_use_them() {
     assert_eq!(reply.text, "slowly: echo: take your time");
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn calls_a_server_sends_under_one_id_each_run_and_each_keeps_its_result() {
+    // Some servers send calls without ids, or number every answer's calls from 0. The id keys
+    // a call's result and the messages it sends: a repeat must not drop either.
+    let sandbox = Sandbox::start().await.unwrap();
+    sandbox.fake.push_script(
+        ScriptedReply::default()
+            .with_tool_call_id("call_0", "send_message", json!({"text": "first"}))
+            .with_tool_call_id("", "send_message", json!({"text": "second"})),
+    );
+    sandbox
+        .fake
+        .push_script(ScriptedReply::default().with_tool_call_id(
+            "call_0",
+            "send_message",
+            json!({"text": "third"}),
+        ));
+    sandbox.fake.push_script(ScriptedReply::text("done"));
+    let mut replies = sandbox.subscribe("deliver.>").await;
+
+    sandbox
+        .publish_json("cli", json!({"sessionKey": "reused-ids", "text": "go"}))
+        .await
+        .unwrap();
+
+    let mut delivered = Vec::new();
+    while delivered.last().map(String::as_str) != Some("done") {
+        delivered.push(next_reply(&mut replies, WAIT).await.unwrap().text);
+    }
+    delivered.sort();
+    assert_eq!(delivered, ["done", "first", "second", "third"]);
+    let transcript = session_transcript(&sandbox, "reused-ids").await;
+    let results = transcript.iter().filter(|e| e.0 == "tool").count();
+    assert_eq!(results, 3, "every call has its result: {transcript:?}");
+    sandbox.shutdown().await.unwrap();
+}

@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use crate::plan::Plan;
+use crate::plan::{Plan, PlannedCall};
 use crate::state::Failure;
 use crate::wire::{
     ReplyContext, argument_pieces, json_response, sse_frame, sse_response, text_pieces,
@@ -44,8 +44,10 @@ pub(crate) fn bad_request(message: &str) -> Response {
     )
 }
 
-fn tool_id(ctx: &ReplyContext, index: usize) -> String {
-    format!("toolu_fake_{}_{index}", ctx.id)
+fn tool_id(ctx: &ReplyContext, index: usize, call: &PlannedCall) -> String {
+    call.id
+        .clone()
+        .unwrap_or_else(|| format!("toolu_fake_{}_{index}", ctx.id))
 }
 
 fn stop_reason(plan: &Plan) -> &'static str {
@@ -69,7 +71,7 @@ pub(crate) fn complete(plan: &Plan, ctx: &ReplyContext) -> Response {
     for (index, call) in plan.tool_calls.iter().enumerate() {
         content.push(json!({
             "type": "tool_use",
-            "id": tool_id(ctx, index),
+            "id": tool_id(ctx, index, call),
             "name": call.name,
             "input": tool_input(&call.arguments),
         }));
@@ -127,7 +129,7 @@ pub(crate) fn stream(plan: &Plan, ctx: &ReplyContext) -> Response {
         event(
             "content_block_start",
             json!({"type": "content_block_start", "index": index, "content_block": {
-                "type": "tool_use", "id": tool_id(ctx, call_index), "name": call.name, "input": {},
+                "type": "tool_use", "id": tool_id(ctx, call_index, call), "name": call.name, "input": {},
             }}),
         );
         for piece in argument_pieces(&call.arguments) {

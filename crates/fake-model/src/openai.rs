@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use crate::plan::Plan;
+use crate::plan::{Plan, PlannedCall};
 use crate::state::Failure;
 use crate::wire::{
     ReplyContext, argument_pieces, json_response, sse_frame, sse_response, text_pieces, unix_now,
@@ -61,8 +61,10 @@ pub(crate) fn bad_request(message: &str) -> Response {
     json_response(StatusCode::BAD_REQUEST, &body)
 }
 
-fn call_id(ctx: &ReplyContext, index: usize) -> String {
-    format!("call_fake_{}_{index}", ctx.id)
+fn call_id(ctx: &ReplyContext, index: usize, call: &PlannedCall) -> String {
+    call.id
+        .clone()
+        .unwrap_or_else(|| format!("call_fake_{}_{index}", ctx.id))
 }
 
 fn finish_reason(plan: &Plan) -> &'static str {
@@ -95,7 +97,7 @@ pub(crate) fn complete(plan: &Plan, ctx: &ReplyContext) -> Response {
             .enumerate()
             .map(|(index, call)| {
                 json!({
-                    "id": call_id(ctx, index),
+                    "id": call_id(ctx, index, call),
                     "type": "function",
                     "function": {"name": call.name, "arguments": call.arguments},
                 })
@@ -142,7 +144,7 @@ pub(crate) fn stream(plan: &Plan, ctx: &ReplyContext) -> Response {
     for (index, call) in plan.tool_calls.iter().enumerate() {
         let head = json!({"tool_calls": [{
             "index": index,
-            "id": call_id(ctx, index),
+            "id": call_id(ctx, index, call),
             "type": "function",
             "function": {"name": call.name, "arguments": ""},
         }]});

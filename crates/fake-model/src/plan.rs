@@ -20,6 +20,8 @@ pub(crate) enum Protocol {
 pub(crate) struct PlannedCall {
     pub name: String,
     pub arguments: String,
+    /// The id to send instead of the numbered one.
+    pub id: Option<String>,
 }
 
 /// The answer to one request.
@@ -116,6 +118,7 @@ impl Plan {
                 .map(|call| PlannedCall {
                     name: call.name,
                     arguments: arguments_text(&call.arguments),
+                    id: call.id,
                 })
                 .collect(),
         }
@@ -273,6 +276,7 @@ fn parse_tool(text: &str, directives: &mut Directives) -> Option<usize> {
     directives.tools.push(PlannedCall {
         name: name.to_owned(),
         arguments: arguments_text(&arguments),
+        id: None,
     });
     Some(consumed + 2)
 }

@@ -55,6 +55,10 @@ pub struct ScriptedToolCall {
     /// Tool arguments (a JSON object, normally).
     #[serde(default)]
     pub arguments: serde_json::Value,
+    /// The call id to send, as a server that picks its own would (an empty one, one already
+    /// used); `None` numbers the calls of the whole conversation apart.
+    #[serde(default)]
+    pub id: Option<String>,
 }
 
 /// One scripted response; queued replies take precedence over directives and echo.
@@ -101,6 +105,23 @@ impl ScriptedReply {
         self.tool_calls.push(ScriptedToolCall {
             name: name.into(),
             arguments,
+            id: None,
+        });
+        self
+    }
+
+    /// Adds a tool call sent under the call id `id`.
+    #[must_use]
+    pub fn with_tool_call_id(
+        mut self,
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: serde_json::Value,
+    ) -> Self {
+        self.tool_calls.push(ScriptedToolCall {
+            name: name.into(),
+            arguments,
+            id: Some(id.into()),
         });
         self
     }

@@ -13,6 +13,7 @@
 //! and a run waiting on its model holds a few KiB, not every step's worth at once.
 
 mod batch;
+mod call_ids;
 mod policy;
 mod recovery;
 mod reply;
@@ -111,6 +112,8 @@ struct RunState {
     prompt_report: String,
     /// The final answer's entry, written in the same transaction that finishes the run.
     last: Option<Entry>,
+    /// Every tool call id this attempt has given out ([`call_ids::make_unique`]).
+    call_ids: std::collections::HashSet<String>,
 }
 
 impl RunState {

@@ -171,7 +171,7 @@ pub(super) async fn converse(
         let answer = ctx.answer(state, &mut cx).await?;
         prior = cx.prior;
         compactions = cx.compactions;
-        let (text, calls) = match answer {
+        let (text, mut calls) = match answer {
             // Secrets the model repeats are gone before the answer is stored, sent or replayed.
             Ok(answer) => match agentloop_scanner::redact::redact(&answer.text) {
                 std::borrow::Cow::Borrowed(_) => (answer.text, answer.calls),
@@ -179,6 +179,7 @@ pub(super) async fn converse(
             },
             Err(error) => return Ok(ctx.outcome(state, RunStatus::Error, String::new(), error)),
         };
+        super::call_ids::make_unique(turn, &mut calls, &mut state.call_ids);
         if !text.is_empty() {
             last_text = text.clone();
         }
