@@ -12,6 +12,7 @@
 //! events, the reply, the end) are awaited boxed: each takes its memory only while it runs,
 //! and a run waiting on its model holds a few KiB, not every step's worth at once.
 
+mod answer_size;
 mod batch;
 mod call_ids;
 mod policy;

@@ -180,6 +180,7 @@ pub(super) async fn converse(
             Err(error) => return Ok(ctx.outcome(state, RunStatus::Error, String::new(), error)),
         };
         super::call_ids::make_unique(turn, &mut calls, &mut state.call_ids);
+        let text = super::answer_size::fit(text);
         if !text.is_empty() {
             last_text = text.clone();
         }
