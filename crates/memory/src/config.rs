@@ -113,9 +113,20 @@ impl std::fmt::Debug for MemorySettings {
     }
 }
 
-/// Masks the password of a URL's user info (`postgres://user:***@host/db`), for logs; a URL
-/// without one is returned as is.
+/// Masks the passwords of a URL, for logs: the one in its user info
+/// (`postgres://user:***@host/db`) and the value of every `password` (or `sslpassword`) query
+/// parameter (`?password=***`), which libpq-style URLs accept as well. A URL without either is
+/// returned as is.
 pub(crate) fn redact_url_password(url: &str) -> std::borrow::Cow<'_, str> {
+    let userinfo_masked = redact_userinfo_password(url);
+    match redact_query_passwords(&userinfo_masked) {
+        Some(masked) => masked.into(),
+        None => userinfo_masked,
+    }
+}
+
+/// Masks the password of a URL's user info; a URL without one is returned as is.
+fn redact_userinfo_password(url: &str) -> std::borrow::Cow<'_, str> {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.into();
     };
@@ -133,6 +144,59 @@ pub(crate) fn redact_url_password(url: &str) -> std::borrow::Cow<'_, str> {
         Some(colon) => format!("{}***{}", &url[..scheme_end + colon + 1], &url[at..]).into(),
         None => url.into(),
     }
+}
+
+/// The URL with the value of each password query parameter masked, or `None` when it has none.
+/// The query starts at the first '?' and ends at a '#'.
+fn redact_query_passwords(url: &str) -> Option<String> {
+    let query_start = url.find('?')? + 1;
+    let query_end = url[query_start..]
+        .find('#')
+        .map_or(url.len(), |i| query_start + i);
+    let mut masked = false;
+    let params: Vec<String> = url[query_start..query_end]
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((key, _)) if is_password_key(key) => {
+                masked = true;
+                format!("{key}=***")
+            }
+            _ => param.to_owned(),
+        })
+        .collect();
+    masked.then(|| {
+        format!(
+            "{}{}{}",
+            &url[..query_start],
+            params.join("&"),
+            &url[query_end..]
+        )
+    })
+}
+
+/// Whether a query key names a password: compared percent-decoded and in any case, as the URL
+/// parser that reads it decodes keys.
+fn is_password_key(key: &str) -> bool {
+    let bytes = key.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                i += 1;
+            }
+        }
+    }
+    decoded.eq_ignore_ascii_case(b"password") || decoded.eq_ignore_ascii_case(b"sslpassword")
 }
 
 impl MemorySettings {
@@ -202,10 +266,52 @@ mod tests {
         );
         for plain in [
             "postgres://postgres@127.0.0.1:5432/test",
+            "postgres://db/x?sslmode=require&application_name=password",
+            "postgres://db/x?passwords=x&user=password",
             "postgres://db/x",
             "not a url",
         ] {
             assert_eq!(redact_url_password(plain), plain);
+        }
+    }
+
+    #[test]
+    fn a_password_given_as_a_query_parameter_is_masked_too() {
+        let settings = MemorySettings {
+            database_url: "postgres://agent@db:5432/agentloop?sslmode=require&password=hunter2"
+                .to_owned(),
+            ..MemorySettings::default()
+        };
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("postgres://agent@db:5432/agentloop?sslmode=require&password=***"),
+            "{shown}"
+        );
+        for (url, masked) in [
+            (
+                "postgres://db/x?password=s3cret",
+                "postgres://db/x?password=***",
+            ),
+            (
+                "postgres://db/x?PASSWORD=s3cret&user=a#frag",
+                "postgres://db/x?PASSWORD=***&user=a#frag",
+            ),
+            (
+                "postgres://db/x?pass%77ord=s3cret",
+                "postgres://db/x?pass%77ord=***",
+            ),
+            (
+                "postgres://db/x?sslpassword=k&password=p&password=q",
+                "postgres://db/x?sslpassword=***&password=***&password=***",
+            ),
+            // Both forms at once.
+            (
+                "postgres://u:p@ss@h/db?password=q",
+                "postgres://u:***@h/db?password=***",
+            ),
+        ] {
+            assert_eq!(redact_url_password(url), masked, "{url}");
         }
     }
 }

@@ -41,6 +41,10 @@ pub enum MemoryError {
     /// Too many calls are waiting for the database; retrying shortly may succeed.
     #[error("memory is overloaded: too many calls waiting for the database")]
     Overloaded,
+    /// A concurrent change got in the way of the call (a record it found was gone when read
+    /// back); nothing was written, and retrying shortly may succeed.
+    #[error("aborted by a concurrent change, retry: {0}")]
+    Aborted(String),
     /// A bug: the service failed in a way no request should cause.
     #[error("internal error: {0}")]
     Internal(String),

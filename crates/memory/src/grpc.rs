@@ -31,6 +31,7 @@ impl From<MemoryError> for Status {
             | MemoryError::RunNotFound { .. }
             | MemoryError::NotFound(_) => Status::not_found(err.to_string()),
             MemoryError::InvalidArgument(_) => Status::invalid_argument(err.to_string()),
+            MemoryError::Aborted(_) => Status::aborted(err.to_string()),
             MemoryError::Starting | MemoryError::Stopping | MemoryError::Overloaded => {
                 Status::unavailable(err.to_string())
             }
@@ -87,6 +88,12 @@ impl SessionApi {
         }
     }
 
+    /// Most transcript entries one call returns: [`convert::MAX_HISTORY_ENTRIES`], or the
+    /// configured default when that is higher (an operator's default is never cut).
+    fn history_cap(&self) -> u32 {
+        self.history_limit.max(convert::MAX_HISTORY_ENTRIES)
+    }
+
     /// The store, once Postgres is connected and migrated.
     fn store(&self) -> Result<&Store, MemoryError> {
         self.store.get().ok_or(MemoryError::Starting)
@@ -121,7 +128,8 @@ impl SessionApi {
             | MemoryError::SessionNotFound(_)
             | MemoryError::RunNotFound { .. }
             | MemoryError::NotFound(_)
-            | MemoryError::InvalidArgument(_) => {
+            | MemoryError::InvalidArgument(_)
+            | MemoryError::Aborted(_) => {
                 tracing::debug!(rpc, error = %err, "rpc refused");
             }
             MemoryError::Database(_)
@@ -279,5 +287,11 @@ mod tests {
         assert_eq!(down.code(), tonic::Code::Unavailable);
         let broken = Status::from(MemoryError::Database(sqlx::Error::RowNotFound));
         assert_eq!(broken.code(), tonic::Code::Internal);
+        let raced = Status::from(MemoryError::Aborted("record expired".to_owned()));
+        assert_eq!(
+            raced.code(),
+            tonic::Code::Aborted,
+            "retryable, not a bad request"
+        );
     }
 }

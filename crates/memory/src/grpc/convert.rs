@@ -36,6 +36,21 @@ pub(super) fn parse_ttl(ttl_ms: u32) -> Result<Duration, MemoryError> {
     Ok(Duration::from_millis(u64::from(ttl_ms)))
 }
 
+/// Most transcript entries one call returns (`GetHistory`, and the history of `TakeNext` and
+/// of a claiming `Enqueue`), unless `memory.history_limit` is set higher: a caller's count goes
+/// to SQL, and `u32::MAX` would have one call read and send a session's whole transcript.
+pub(super) const MAX_HISTORY_ENTRIES: u32 = 1000;
+
+/// Most session ids one `ListClaimable` returns: far more than one sweep of a runner can claim.
+pub(super) const MAX_CLAIMABLE_SESSIONS: u32 = 1000;
+
+/// The count a call uses: what the caller asked, `when_zero` when it asked 0, never more than
+/// `cap`.
+pub(super) fn bounded_limit(asked: u32, when_zero: u32, cap: u32) -> u32 {
+    let limit = if asked == 0 { when_zero } else { asked };
+    limit.min(cap)
+}
+
 /// Parses a token count into the column's type.
 pub(super) fn parse_tokens(field: &str, tokens: u64) -> Result<i64, MemoryError> {
     i64::try_from(tokens)
@@ -146,5 +161,26 @@ mod tests {
             parse_tokens("input_tokens", u64::MAX),
             Err(MemoryError::InvalidArgument(_))
         ));
+    }
+
+    #[test]
+    fn a_callers_count_is_its_own_or_the_default_and_never_past_the_cap() {
+        assert_eq!(bounded_limit(0, 200, 1000), 200, "0 asks for the default");
+        assert_eq!(
+            bounded_limit(0, 0, 1000),
+            0,
+            "a default of 0 stays 0: no history"
+        );
+        assert_eq!(bounded_limit(50, 200, 1000), 50);
+        assert_eq!(bounded_limit(1000, 200, 1000), 1000);
+        assert_eq!(bounded_limit(1001, 200, 1000), 1000);
+        assert_eq!(
+            bounded_limit(u32::MAX, 0, MAX_HISTORY_ENTRIES),
+            MAX_HISTORY_ENTRIES
+        );
+        assert_eq!(
+            bounded_limit(u32::MAX, 100, MAX_CLAIMABLE_SESSIONS),
+            MAX_CLAIMABLE_SESSIONS
+        );
     }
 }

@@ -4,7 +4,7 @@
 use agentloop_proto::v1 as pb;
 
 use super::SessionApi;
-use super::convert::{inbox_item, parse_id, parse_ttl, require, take_response};
+use super::convert::{bounded_limit, inbox_item, parse_id, parse_ttl, require, take_response};
 use crate::MemoryError;
 use crate::store::{self, InboxKind};
 
@@ -50,7 +50,7 @@ impl SessionApi {
                 &req.claim_owner,
                 parse_ttl(req.claim_ttl_ms)?,
                 req.take_when_claimed.then_some(store::HistoryAsk {
-                    limit: req.history_limit,
+                    limit: bounded_limit(req.history_limit, 0, self.history_cap()),
                     after_seq: req.history_after_seq,
                 }),
             )

@@ -4,7 +4,10 @@
 use agentloop_proto::v1 as pb;
 
 use super::SessionApi;
-use super::convert::{new_entries, parse_id, parse_tokens, parse_ttl, require, take_response};
+use super::convert::{
+    MAX_CLAIMABLE_SESSIONS, bounded_limit, new_entries, parse_id, parse_tokens, parse_ttl, require,
+    take_response,
+};
 use crate::MemoryError;
 use crate::store::{self, RunOutcome, RunStatus, non_empty};
 
@@ -62,7 +65,8 @@ impl SessionApi {
         })
     }
 
-    /// `TakeNext`: the oldest pending input as a run, with the history asked for.
+    /// `TakeNext`: the oldest pending input as a run, with the history asked for (at most
+    /// [`Self::history_cap`] entries).
     pub(super) async fn take_next(
         &self,
         req: pb::TakeNextRequest,
@@ -78,7 +82,7 @@ impl SessionApi {
         };
         let history = if req.history_limit > 0 {
             let ask = store::HistoryAsk {
-                limit: req.history_limit,
+                limit: bounded_limit(req.history_limit, 0, self.history_cap()),
                 after_seq: req.history_after_seq,
             };
             self.store()?.history_window(session_id, ask).await?
@@ -126,16 +130,13 @@ impl SessionApi {
         Ok(pb::ReleaseSessionResponse { released })
     }
 
-    /// `ListClaimable`: sessions with pending input and no live lease.
+    /// `ListClaimable`: sessions with pending input and no live lease, at most
+    /// [`MAX_CLAIMABLE_SESSIONS`].
     pub(super) async fn list_claimable(
         &self,
         req: pb::ListClaimableRequest,
     ) -> Result<pb::ListClaimableResponse, MemoryError> {
-        let limit = if req.limit == 0 {
-            DEFAULT_CLAIMABLE_LIMIT
-        } else {
-            req.limit
-        };
+        let limit = bounded_limit(req.limit, DEFAULT_CLAIMABLE_LIMIT, MAX_CLAIMABLE_SESSIONS);
         let ids = self.store()?.list_claimable(limit).await?;
         Ok(pb::ListClaimableResponse {
             session_ids: ids.into_iter().map(|id| id.to_string()).collect(),

@@ -3,7 +3,7 @@
 use agentloop_proto::v1 as pb;
 
 use super::SessionApi;
-use super::convert::{entry_message, new_entries, parse_id, require, timestamp};
+use super::convert::{bounded_limit, entry_message, new_entries, parse_id, require, timestamp};
 use crate::MemoryError;
 use crate::store::Session;
 
@@ -46,17 +46,14 @@ impl SessionApi {
         self.store()?.resolve_session(key, agent_id, channel).await
     }
 
-    /// `GetHistory`: the newest transcript entries, as many as asked or the configured limit.
+    /// `GetHistory`: the newest transcript entries, as many as asked (0: the configured limit),
+    /// at most [`Self::history_cap`].
     pub(super) async fn get_history(
         &self,
         req: pb::GetHistoryRequest,
     ) -> Result<pb::GetHistoryResponse, MemoryError> {
         let session_id = parse_id("session_id", &req.session_id)?;
-        let limit = if req.limit == 0 {
-            self.history_limit
-        } else {
-            req.limit
-        };
+        let limit = bounded_limit(req.limit, self.history_limit, self.history_cap());
         let entries = self.store()?.get_history(session_id, limit).await?;
         let entries = entries.into_iter().map(entry_message).collect();
         Ok(pb::GetHistoryResponse { entries })

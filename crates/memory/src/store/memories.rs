@@ -52,6 +52,14 @@ pub struct Memory {
     pub score: f64,
 }
 
+/// Most memories of one user a hybrid search scores by vector: the newest by `updated_at`.
+/// Without a bound one search would read every memory and vector of the user into memory (and
+/// keep them in the vector cache), however many a user piles up: 5000 vectors of 1536
+/// dimensions are about 30 MiB, read in one statement and scored in milliseconds. A
+/// memory older than the newest 5000 is still found by full-text search, but not by a hybrid
+/// one; a user past this many memories should have the old ones forgotten or consolidated.
+const MAX_VECTOR_CANDIDATES: i64 = 5000;
+
 /// The first answer of a hybrid search: whose memories, at which version, and the text matches.
 #[derive(sqlx::FromRow)]
 struct HybridHead {
@@ -275,8 +283,9 @@ impl Store {
         ))
     }
 
-    /// Reads every memory of `key`'s user with its vectors, and keeps them for later searches
-    /// at the version read with them (`seen`, the one the search saw, when the user has none).
+    /// Reads the newest [`MAX_VECTOR_CANDIDATES`] memories of `key`'s user with their vectors,
+    /// and keeps them for later searches at the version read with them (`seen`, the one the
+    /// search saw, when the user has none).
     async fn read_vectors(
         &self,
         key: vectors::Key,
@@ -288,6 +297,7 @@ impl Store {
                 .bind(&key.user_key)
                 .bind(&key.agent_id)
                 .bind(&key.model)
+                .bind(MAX_VECTOR_CANDIDATES)
                 .fetch_all(&mut *conn)
                 .await;
         let rows = conn

@@ -657,3 +657,122 @@ async fn an_enqueue_past_the_inbox_cap_answers_queue_full_with_the_cap(pool: PgP
     assert_eq!(taken.idempotency_key, "k1");
     server.stop().await;
 }
+
+#[sqlx::test(migrations = "./migrations")]
+async fn history_and_claimable_counts_past_the_cap_are_cut_to_it(pool: PgPool) {
+    // Arrange: a session with more transcript entries than one call may return.
+    const CAP: usize = 1000;
+    let server = Running::start(url_of(&pool)).await;
+    server.wait_ready().await;
+    let mut client = server.client.clone();
+    let session = client
+        .resolve_session(pb::ResolveSessionRequest {
+            session_key: "cli:long".to_owned(),
+            agent_id: String::new(),
+            channel: "cli".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let claim = client
+        .claim_session(pb::ClaimSessionRequest {
+            session_id: session.id.clone(),
+            owner: "runner-a".to_owned(),
+            ttl_ms: 60_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let entries = (0..=CAP)
+        .map(|i| pb::Entry {
+            key: format!("e{i}"),
+            role: "user".to_owned(),
+            content: format!("message {i}"),
+            ..pb::Entry::default()
+        })
+        .collect();
+    client
+        .append_entries(pb::AppendEntriesRequest {
+            session_id: session.id.clone(),
+            epoch: claim.epoch,
+            entries,
+        })
+        .await
+        .unwrap();
+    let newest = format!("e{CAP}");
+
+    // Act and assert: every count a caller can send, at its largest.
+    let history = client
+        .get_history(pb::GetHistoryRequest {
+            session_id: session.id.clone(),
+            limit: u32::MAX,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(history.len(), CAP, "GetHistory");
+    assert_eq!(history.last().unwrap().key, newest);
+
+    client
+        .enqueue(pb::EnqueueRequest {
+            session_id: session.id.clone(),
+            idempotency_key: "k1".to_owned(),
+            kind: "user".to_owned(),
+            payload: b"hello".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let taken = client
+        .take_next(pb::TakeNextRequest {
+            session_id: session.id.clone(),
+            epoch: claim.epoch,
+            owner: "runner-a".to_owned(),
+            history_limit: u32::MAX,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(taken.history.len(), CAP, "TakeNext");
+    let run = taken.run.unwrap();
+    client
+        .finish_run(pb::FinishRunRequest {
+            session_id: session.id.clone(),
+            epoch: claim.epoch,
+            run_id: run.id,
+            inbox_seq: run.inbox_seq,
+            status: "completed".to_owned(),
+            release_if_idle: true,
+            ..pb::FinishRunRequest::default()
+        })
+        .await
+        .unwrap();
+
+    let enqueued = client
+        .enqueue(pb::EnqueueRequest {
+            session_id: session.id.clone(),
+            idempotency_key: "k2".to_owned(),
+            kind: "user".to_owned(),
+            payload: b"again".to_vec(),
+            claim_owner: "runner-b".to_owned(),
+            claim_ttl_ms: 60_000,
+            take_when_claimed: true,
+            history_limit: u32::MAX,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(enqueued.claimed, "the finished run released the lease");
+    assert_eq!(enqueued.taken.unwrap().history.len(), CAP, "Enqueue");
+
+    let claimable = client
+        .list_claimable(pb::ListClaimableRequest { limit: u32::MAX })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(claimable.session_ids.is_empty(), "{claimable:?}");
+    server.stop().await;
+}

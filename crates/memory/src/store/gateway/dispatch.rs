@@ -16,6 +16,10 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// The rows one sweep deletes at most (`queries/sweep_dispatches.sql`).
 const SWEEP_BATCH: u64 = 500;
 
+/// Inserts `begin_dispatch` tries: a second when the live record that refused the first was
+/// gone by the time it was read.
+const BEGIN_ATTEMPTS: usize = 2;
+
 /// A client request as recorded by the gateway, with the state of the run processing it.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct Dispatch {
@@ -67,7 +71,9 @@ impl Store {
     /// record created here comes back without run fields: its message is not sent yet.
     ///
     /// # Errors
-    /// [`MemoryError::SessionNotFound`] for an unknown session, or a database error.
+    /// [`MemoryError::SessionNotFound`] for an unknown session, [`MemoryError::Aborted`] when
+    /// the live record of the keys expired each time between refusing the insert and being
+    /// read, or a database error.
     pub async fn begin_dispatch(
         &self,
         session_key: &str,
@@ -91,7 +97,59 @@ impl Store {
                 self.dispatch_sweep_again();
             }
         }
+        let lookup = DispatchLookup::Keys {
+            session_key: session_key.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+        };
+        // A live record of the keys refuses the insert and is read back by a second statement;
+        // it may expire (and be swept) in between, which frees the keys, so the insert is tried
+        // again. Only records that expire within a round trip (a TTL of milliseconds) can miss
+        // twice in a row: the caller is then told to retry rather than that its request is bad.
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        for _ in 0..BEGIN_ATTEMPTS {
+            let inserted = self
+                .insert_dispatch(session_key, idempotency_key, run_handle, session_id, ttl_ms)
+                .await?;
+            if let Some((created_at, expires_at)) = inserted {
+                // Answered from what was written, without reading it back; the run fields stay
+                // empty (the caller sends the message next and follows the run from there).
+                let record = Dispatch {
+                    session_key: session_key.to_owned(),
+                    idempotency_key: idempotency_key.to_owned(),
+                    run_handle,
+                    session_id,
+                    status: "accepted".to_owned(),
+                    text: None,
+                    error: None,
+                    created_at,
+                    expires_at,
+                    run_id: None,
+                    run_status: None,
+                    run_error: None,
+                    run_answer: None,
+                };
+                return Ok((true, record));
+            }
+            if let Some(live) = self.get_dispatch(&lookup, &Caller::admin()).await? {
+                return Ok((false, live));
+            }
+        }
+        Err(MemoryError::Aborted(format!(
+            "the live dispatch record of idempotency key {idempotency_key:?} expired while it \
+             was read"
+        )))
+    }
+
+    /// Inserts the record of the keys (or takes over an expired one) and returns when it was
+    /// created and expires; `None` when a live record of the keys exists.
+    async fn insert_dispatch(
+        &self,
+        session_key: &str,
+        idempotency_key: &str,
+        run_handle: Uuid,
+        session_id: Uuid,
+        ttl_ms: i64,
+    ) -> Result<Option<(DateTime<Utc>, DateTime<Utc>)>, MemoryError> {
         let mut conn = self.conn(session_id).await?;
         let result = sqlx::query_as::<_, (DateTime<Utc>, DateTime<Utc>)>(include_str!(
             "../queries/begin_dispatch.sql"
@@ -103,38 +161,8 @@ impl Store {
         .bind(ttl_ms as f64)
         .fetch_optional(&mut *conn)
         .await;
-        let inserted = conn
-            .settle(result)
-            .map_err(|err| translate(err, session_id))?;
-        if let Some((created_at, expires_at)) = inserted {
-            // Answered from what was written, without reading it back; the run fields stay
-            // empty (the caller sends the message next and follows the run from there).
-            let record = Dispatch {
-                session_key: session_key.to_owned(),
-                idempotency_key: idempotency_key.to_owned(),
-                run_handle,
-                session_id,
-                status: "accepted".to_owned(),
-                text: None,
-                error: None,
-                created_at,
-                expires_at,
-                run_id: None,
-                run_status: None,
-                run_error: None,
-                run_answer: None,
-            };
-            return Ok((true, record));
-        }
-        let lookup = DispatchLookup::Keys {
-            session_key: session_key.to_owned(),
-            idempotency_key: idempotency_key.to_owned(),
-        };
-        let record = self
-            .get_dispatch(&lookup, &Caller::admin())
-            .await?
-            .ok_or_else(|| MemoryError::InvalidArgument("dispatch vanished".to_owned()))?;
-        Ok((false, record))
+        conn.settle(result)
+            .map_err(|err| translate(err, session_id))
     }
 
     fn dispatch_sweep_due(&self) -> bool {
@@ -314,6 +342,65 @@ mod tests {
         let mut conn = store.conn(Uuid::nil()).await.unwrap();
         let setting = synchronous_commit(&mut *conn).await;
         assert_eq!(setting, "on");
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn a_live_record_that_expires_before_it_is_read_back_gives_way_to_the_new_one(
+        pool: PgPool,
+    ) {
+        // Arrange: a record living one second, and every later insert of a record held up for
+        // longer, so the record is live when it refuses the insert and gone when read back.
+        let store = Store::new(pool);
+        let session = store
+            .resolve_session("cli:race", "main", Some("cli"))
+            .await
+            .unwrap();
+        let first = Uuid::now_v7();
+        let (created, _) = store
+            .begin_dispatch("cli:race", "key", first, session.id, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(created);
+        sqlx::query(
+            "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(1.2); RETURN NULL; END $$",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        sqlx::query(
+            "CREATE TRIGGER slow_insert BEFORE INSERT ON dispatches \
+             FOR EACH STATEMENT EXECUTE FUNCTION slow_insert()",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+        // Act: the same keys again.
+        let second = Uuid::now_v7();
+        let (created, record) = store
+            .begin_dispatch(
+                "cli:race",
+                "key",
+                second,
+                session.id,
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("the expired record gives way instead of failing the call");
+
+        // Assert: the retried insert took over the expired record.
+        assert!(created);
+        assert_eq!(
+            (record.run_handle, record.status.as_str()),
+            (second, "accepted")
+        );
+        let stored: Uuid =
+            sqlx::query_scalar("SELECT run_handle FROM dispatches WHERE idempotency_key = 'key'")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(stored, second);
     }
 
     #[sqlx::test(migrations = "./migrations")]

@@ -414,3 +414,42 @@ async fn a_backfilled_vector_lands_only_on_a_memory_still_holding_its_text(pool:
         1
     );
 }
+
+#[sqlx::test(migrations = "./migrations")]
+async fn hybrid_search_scores_only_the_users_newest_memories(pool: PgPool) {
+    // One more memory than a hybrid search reads: the newest and the oldest lie on the query's
+    // vector, every other one away from it; each is a second older than the one before.
+    let store = Store::new(pool);
+    let user = MemoryScope {
+        agent_id: "main".into(),
+        user_key: "user:hoarder".into(),
+        ..Default::default()
+    };
+    let query = vector("m1", &[1.0, 0.0, 0.0]);
+    sqlx::query(
+        "INSERT INTO memories (id, agent_id, user_key, text, embedding, embedding_model, \
+                               created_at, updated_at) \
+         SELECT gen_random_uuid(), 'main', 'user:hoarder', 'fact ' || i, \
+                CASE WHEN i IN (1, $1) THEN $2 ELSE $3 END, 'm1', \
+                now() - i * interval '1 second', now() - i * interval '1 second' \
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(MAX_VECTOR_CANDIDATES + 1)
+    .bind(query.to_bytes())
+    .bind(vector("m1", &[0.0, 1.0, 0.0]).to_bytes())
+    .execute(store.shared.pool())
+    .await
+    .unwrap();
+
+    let (found, _) = store
+        .search_memories(&user, "zzz", Some(&query), 5, 0.5)
+        .await
+        .unwrap();
+
+    let texts: Vec<&str> = found.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(
+        texts,
+        ["fact 1"],
+        "the oldest memory is past the newest {MAX_VECTOR_CANDIDATES} and is not read"
+    );
+}
