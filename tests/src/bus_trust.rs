@@ -512,3 +512,33 @@ async fn run_commands_published_past_the_router_are_held_to_its_checks() {
     assert_eq!(runs, 1, "a forged command ran");
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_flood_of_tool_announcements_is_bounded() {
+    // Anyone allowed to announce could otherwise grow every runner's tool list, and with it
+    // every model request, without end.
+    let sandbox = Sandbox::start().await.unwrap();
+    let announce = |body: Value| {
+        let (client, subject) = (sandbox.client.clone(), sandbox.subject("tool._announce"));
+        async move {
+            client
+                .publish(subject, body.to_string().into())
+                .await
+                .unwrap();
+        }
+    };
+    announce(json!({"name": "huge_tool", "description": "x".repeat(100_000)})).await;
+    for i in 0..300 {
+        announce(json!({"name": format!("flood_{i:03}"), "description": "more"})).await;
+    }
+    sandbox.client.flush().await.unwrap();
+
+    // The first 256 are kept; a moment after the last of them is offered, the rest were seen.
+    offered_once_known(&sandbox, "flood_255").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let names = offered_once_known(&sandbox, "flood_255").await;
+    let flood = names.iter().filter(|n| n.starts_with("flood_")).count();
+    assert_eq!(flood, 256, "{flood} announced tools offered");
+    assert!(!names.iter().any(|n| n == "huge_tool" || n == "flood_299"));
+    sandbox.shutdown().await.unwrap();
+}

@@ -20,6 +20,13 @@ use agentloop_model::ToolSpec;
 
 use super::{Tool, ToolContext, ToolError};
 
+/// The most remote tools one runner keeps; announcements of further names are ignored. Every
+/// run offers the known tools its agent allows, so their number bounds every request's size.
+const MAX_REMOTE_TOOLS: usize = 256;
+/// The largest announcement accepted, in bytes (its description and parameter schema go to
+/// the model with every request).
+const MAX_ANNOUNCEMENT_BYTES: usize = 64 * 1024;
+
 /// What a tool server announces.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -74,6 +81,14 @@ impl RemoteTools {
         let client = bus.client().clone();
         tokio::spawn(async move {
             while let Some(msg) = announcements.next().await {
+                if msg.payload.len() > MAX_ANNOUNCEMENT_BYTES {
+                    tracing::warn!(
+                        bytes = msg.payload.len(),
+                        max = MAX_ANNOUNCEMENT_BYTES,
+                        "ignoring a tool announcement larger than allowed"
+                    );
+                    continue;
+                }
                 let announcement: Announcement = match serde_json::from_slice(&msg.payload) {
                     Ok(a) => a,
                     Err(err) => {
@@ -99,8 +114,13 @@ impl RemoteTools {
                     announcement: announcement.clone(),
                 };
                 let mut known = known.write().unwrap_or_else(PoisonError::into_inner);
-                if !known.contains_key(&announcement.name) {
-                    tracing::info!(tool = %announcement.name, "remote tool discovered");
+                match known.get(&announcement.name) {
+                    Some(_) => {}
+                    None if known.len() >= MAX_REMOTE_TOOLS => {
+                        tracing::warn!(tool = %announcement.name, max = MAX_REMOTE_TOOLS, "ignoring a remote tool: this runner knows as many as it keeps");
+                        continue;
+                    }
+                    None => tracing::info!(tool = %announcement.name, "remote tool discovered"),
                 }
                 known.insert(announcement.name.clone(), Arc::new(tool));
                 generation.fetch_add(1, Ordering::Release);
