@@ -7,6 +7,7 @@
 
 mod chunk;
 mod config;
+mod http;
 mod signed;
 pub mod slack;
 pub mod telegram;

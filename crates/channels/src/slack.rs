@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::{Conversation, Inbound, SendError, SlackConfig, signed};
+use crate::{Conversation, Inbound, SendError, SlackConfig, http, signed};
 
 /// The channel's name on the bus (`<prefix>.inbound.slack`).
 pub const CHANNEL: &str = "slack";
@@ -72,21 +72,20 @@ struct Envelope {
     #[serde(rename = "type")]
     kind: String,
     challenge: Option<String>,
-    event: Option<Event>,
+    /// Read as it comes: events other than messages carry other shapes (`team_join`'s `user`
+    /// and `channel_created`'s `channel` are objects), so only a message is read further.
+    event: Option<serde_json::Value>,
 }
 
+/// A `message` or `app_mention` event.
 #[derive(Deserialize)]
 struct Event {
-    #[serde(rename = "type")]
-    kind: String,
     channel: Option<String>,
     user: Option<String>,
     text: Option<String>,
     ts: Option<String>,
     thread_ts: Option<String>,
     channel_type: Option<String>,
-    bot_id: Option<String>,
-    subtype: Option<String>,
 }
 
 /// Reads a verified request body.
@@ -105,6 +104,20 @@ pub fn parse(body: &[u8]) -> Result<Request, RequestError> {
             let event = envelope
                 .event
                 .ok_or_else(|| RequestError::Malformed("event_callback without an event".into()))?;
+            let field = |name: &str| event.get(name).filter(|v| !v.is_null());
+            if !matches!(
+                field("type").and_then(serde_json::Value::as_str),
+                Some("message" | "app_mention")
+            ) || field("bot_id").is_some()
+                || field("subtype").is_some()
+            {
+                // Any other event (a member joining, a channel created...), a bot's message or
+                // an edit asks nothing: a refusal would only have Slack retry it, and in the
+                // end turn the app off.
+                return Ok(Request::Ignored);
+            }
+            let event: Event = serde_json::from_value(event)
+                .map_err(|err| RequestError::Malformed(format!("a message event: {err}")))?;
             Ok(message(event).map_or(Request::Ignored, Request::Message))
         }
         _ => Ok(Request::Ignored),
@@ -112,12 +125,6 @@ pub fn parse(body: &[u8]) -> Result<Request, RequestError> {
 }
 
 fn message(event: Event) -> Option<Inbound> {
-    if !matches!(event.kind.as_str(), "message" | "app_mention")
-        || event.bot_id.is_some()
-        || event.subtype.is_some()
-    {
-        return None;
-    }
     let (channel, user, text, ts) = (event.channel?, event.user?, event.text?, event.ts?);
     if text.trim().is_empty() {
         return None;
@@ -161,14 +168,8 @@ impl Client {
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(config: &SlackConfig) -> Result<Self, reqwest::Error> {
-        // HTTP/1.1 as before reqwest's `http2` feature came in for model calls: a connection
-        // per send in flight, never sends queued behind one connection's stream limit.
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_millis(config.request_timeout_ms))
-            .http1_only()
-            .build()?;
         Ok(Self {
-            http,
+            http: http::client(Duration::from_millis(config.request_timeout_ms))?,
             base: config.api_base.trim_end_matches('/').to_owned(),
             token: config.bot_token.expose().to_owned(),
         })
@@ -222,10 +223,21 @@ impl Client {
                 retry_after,
             });
         }
-        let bytes = response.bytes().await.map_err(|err| SendError::Transient {
-            reason: err.without_url().to_string(),
-            retry_after: None,
-        })?;
+        if (300..400).contains(&status) {
+            return Err(SendError::Permanent(http::redirect_refused(status)));
+        }
+        let bytes = match http::read_capped(response, http::SEND_ANSWER_CAP).await {
+            Ok(bytes) => bytes,
+            Err(http::ReadError::Network(reason)) => {
+                return Err(SendError::Transient {
+                    reason,
+                    retry_after: None,
+                });
+            }
+            Err(err @ http::ReadError::TooLarge { .. }) => {
+                return Err(SendError::Permanent(format!("HTTP {status}: {err}")));
+            }
+        };
         match serde_json::from_slice::<Answer>(&bytes) {
             Ok(answer) if answer.ok => Ok(answer),
             Ok(answer) => Err(classify(&answer.error, retry_after)),
@@ -324,6 +336,35 @@ mod tests {
             "channel":"C1","ts":"4.5"}}"#;
         assert_eq!(parse(edit).unwrap(), Request::Ignored);
         assert!(parse(b"[]").is_err());
+    }
+
+    #[test]
+    fn events_shaped_unlike_a_message_are_ignored_not_refused() {
+        // `user` an object.
+        let team_join = br#"{"type":"event_callback","team_id":"T1","event_id":"Ev2",
+            "event":{"type":"team_join","user":{"id":"U2","name":"new","profile":{"real_name":"N"}},
+            "event_ts":"1700000000.000100"}}"#;
+        assert_eq!(parse(team_join).unwrap(), Request::Ignored);
+        // `channel` an object.
+        let created = br#"{"type":"event_callback","event":{"type":"channel_created",
+            "channel":{"id":"C9","name":"new","created":1700000000,"creator":"U1"}}}"#;
+        assert_eq!(parse(created).unwrap(), Request::Ignored);
+        let user_change = br#"{"type":"event_callback","event":{"type":"user_change",
+            "user":{"id":"U1","deleted":false},"cache_ts":1700000000}}"#;
+        assert_eq!(parse(user_change).unwrap(), Request::Ignored);
+        // No type, or no object at all: nothing asked either.
+        let untyped = br#"{"type":"event_callback","event":{"channel":{"id":"C1"}}}"#;
+        assert_eq!(parse(untyped).unwrap(), Request::Ignored);
+        let odd = br#"{"type":"event_callback","event":"x"}"#;
+        assert_eq!(parse(odd).unwrap(), Request::Ignored);
+        // A message that is not one is still named.
+        let broken =
+            br#"{"type":"event_callback","event":{"type":"message","channel":{"id":"C1"}}}"#;
+        assert!(matches!(parse(broken), Err(RequestError::Malformed(_))));
+        assert!(matches!(
+            parse(br#"{"type":"event_callback"}"#),
+            Err(RequestError::Malformed(_))
+        ));
     }
 
     #[test]

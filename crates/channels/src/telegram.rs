@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::{Conversation, Inbound, SendError, TelegramConfig};
+use crate::{Conversation, Inbound, SendError, TelegramConfig, http};
 
 /// The channel's name on the bus (`<prefix>.inbound.telegram`).
 pub const CHANNEL: &str = "telegram";
@@ -139,13 +139,8 @@ impl Client {
     /// # Errors
     /// When the HTTP client cannot be built (no TLS roots).
     pub fn new(config: &TelegramConfig) -> Result<Self, reqwest::Error> {
-        // HTTP/1.1, as Slack's (`slack.rs`).
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_millis(config.request_timeout_ms))
-            .http1_only()
-            .build()?;
         Ok(Self {
-            http,
+            http: http::client(Duration::from_millis(config.request_timeout_ms))?,
             base: format!(
                 "{}/bot{}",
                 config.api_base.trim_end_matches('/'),
@@ -210,7 +205,12 @@ impl Client {
         let body =
             json!({"offset": offset, "timeout": wait.as_secs(), "allowed_updates": ["message"]});
         let result = self
-            .call_with("getUpdates", &body, Some(wait + Duration::from_secs(10)))
+            .call_with(
+                "getUpdates",
+                &body,
+                Some(wait + Duration::from_secs(10)),
+                http::POLL_ANSWER_CAP,
+            )
             .await?;
         let updates = result.as_array().cloned().unwrap_or_default();
         Ok(updates
@@ -228,15 +228,18 @@ impl Client {
         method: &str,
         body: &serde_json::Value,
     ) -> Result<serde_json::Value, SendError> {
-        self.call_with(method, body, None).await
+        self.call_with(method, body, None, http::SEND_ANSWER_CAP)
+            .await
     }
 
-    /// [`Client::call`] with its own timeout (a long poll outlasts the client's).
+    /// [`Client::call`] with its own timeout (a long poll outlasts the client's) and the
+    /// largest answer it reads, in bytes.
     async fn call_with(
         &self,
         method: &str,
         body: &serde_json::Value,
         timeout: Option<Duration>,
+        cap: usize,
     ) -> Result<serde_json::Value, SendError> {
         let mut request = self.http.post(format!("{}/{method}", self.base)).json(body);
         if let Some(timeout) = timeout {
@@ -251,10 +254,22 @@ impl Client {
                 retry_after: None,
             })?;
         let status = response.status().as_u16();
-        let bytes = response.bytes().await.map_err(|err| SendError::Transient {
-            reason: err.without_url().to_string(),
-            retry_after: None,
-        })?;
+        if (300..400).contains(&status) {
+            // Never followed: the URL holds the token.
+            return Err(SendError::Permanent(http::redirect_refused(status)));
+        }
+        let bytes = match http::read_capped(response, cap).await {
+            Ok(bytes) => bytes,
+            Err(http::ReadError::Network(reason)) => {
+                return Err(SendError::Transient {
+                    reason,
+                    retry_after: None,
+                });
+            }
+            Err(err @ http::ReadError::TooLarge { .. }) => {
+                return Err(SendError::Permanent(format!("{status} {err}")));
+            }
+        };
         match serde_json::from_slice::<Answer>(&bytes) {
             Ok(answer) if answer.ok => Ok(answer.result),
             Ok(answer) => Err(classify(

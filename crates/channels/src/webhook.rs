@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Conversation, Inbound, SendError, signed};
+use crate::{Conversation, Inbound, SendError, http, signed};
 
 /// The header carrying the signature.
 pub const SIGNATURE_HEADER: &str = "x-agentloop-signature";
@@ -170,11 +170,8 @@ impl Client {
     /// When the HTTP client cannot be built.
     pub fn new(url: &str, secret: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
         Ok(Self {
-            // HTTP/1.1, as Slack's (`slack.rs`).
-            http: reqwest::Client::builder()
-                .timeout(timeout)
-                .http1_only()
-                .build()?,
+            // Never following a redirect: the receiver cannot bounce a signed reply elsewhere.
+            http: http::client(timeout)?,
             url: url.to_owned(),
             secret: secret.to_owned(),
         })
@@ -183,7 +180,8 @@ impl Client {
     /// POSTs `reply`, signed.
     ///
     /// # Errors
-    /// [`SendError`]: 429, 5xx and the network pass; any other refusal does not.
+    /// [`SendError`]: 429, 5xx and the network pass; any other refusal does not, a redirect
+    /// (3xx, never followed) included.
     pub async fn post(&self, reply: &Reply<'_>, now: u64) -> Result<(), SendError> {
         let body =
             serde_json::to_vec(reply).map_err(|err| SendError::Permanent(err.to_string()))?;
@@ -203,6 +201,11 @@ impl Client {
         let status = response.status();
         if status.is_success() {
             return Ok(());
+        }
+        if status.is_redirection() {
+            return Err(SendError::Permanent(http::redirect_refused(
+                status.as_u16(),
+            )));
         }
         let retry_after = signed::retry_after(&response);
         let reason = format!("HTTP {status}");
