@@ -1,6 +1,8 @@
 //! The chat-app clients against local servers answering as a hostile or broken API would: a
 //! redirect to somewhere else, an answer larger than any real one.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a failed fixture should panic the test
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -31,6 +31,9 @@ mod tests {
         let cut = fit(long);
         let (kept, note) = cut.split_once("\n\n[").unwrap();
         assert!(kept.len() <= MAX_ANSWER_BYTES && kept.chars().all(|c| c == 'é'));
-        assert!(note.contains(&format!("{} bytes", 2 * MAX_ANSWER_BYTES)), "{note}");
+        assert!(
+            note.contains(&format!("{} bytes", 2 * MAX_ANSWER_BYTES)),
+            "{note}"
+        );
     }
 }
