@@ -275,6 +275,32 @@ async fn a_slow_reply_is_shown_while_written_and_edited_into_the_final_text() {
 }
 
 #[tokio::test]
+async fn a_reply_whose_streamed_message_the_user_deleted_is_posted_anew() {
+    let (sandbox, telegram) = stack().await;
+    let answer = "one two three four five six seven eight nine ten eleven twelve";
+    sandbox
+        .fake
+        .push_script(ScriptedReply::text(answer).with_chunk_delay(Duration::from_millis(80)));
+    let body = update(8, 17, 32, "count slowly").to_string();
+    assert_eq!(post(&sandbox, &body, Some(SECRET)).await, 200);
+    // The user deletes the message while the reply is still being written into it.
+    agentloop_testkit::wait_until("a message shown while written", WAIT, || async {
+        (!telegram.chat_view().is_empty()).then_some(())
+    })
+    .await
+    .unwrap();
+    telegram.delete_all();
+    sandbox.finished_runs(1).await.unwrap();
+
+    agentloop_testkit::wait_until("the whole reply in the chat", WAIT, || async {
+        (telegram.chat_view() == vec![answer.to_owned()]).then_some(())
+    })
+    .await
+    .unwrap();
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_bot_without_a_public_address_takes_messages_by_long_polling() {
     let telegram = FakeTelegram::start(TOKEN).await;
     let mut channels = ChannelsConfig::default();

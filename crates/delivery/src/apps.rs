@@ -139,8 +139,15 @@ impl Apps {
                 let streamed = streamed.as_deref();
                 async move {
                     match (i, streamed) {
-                        // The message shown while the reply was written becomes its first piece.
-                        (0, Some(id)) => to.edit(id, piece).await,
+                        // The message shown while the reply was written becomes its first piece;
+                        // gone for good (the user deleted it), the piece is posted anew.
+                        (0, Some(id)) => match to.edit(id, piece).await {
+                            Err(SendError::Permanent(reason)) => {
+                                tracing::info!(channel = to.channel(), %reason, "the message shown while the reply was written cannot be edited; posting the reply instead");
+                                to.post(piece).await.map(drop)
+                            }
+                            edited => edited,
+                        },
                         _ => to.post(piece).await.map(drop),
                     }
                 }

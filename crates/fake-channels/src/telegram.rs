@@ -121,6 +121,12 @@ impl FakeTelegram {
             .collect()
     }
 
+    /// Deletes every message of the bot, as a user may in a private chat ("delete for both"):
+    /// editing one then answers `message to edit not found`.
+    pub fn delete_all(&self) {
+        self.lock().messages.clear();
+    }
+
     /// The bot's messages as a user sees them now (edits applied), oldest first.
     pub fn chat_view(&self) -> Vec<String> {
         self.lock().messages.values().cloned().collect()
