@@ -301,6 +301,27 @@ async fn a_reply_whose_streamed_message_the_user_deleted_is_posted_anew() {
 }
 
 #[tokio::test]
+async fn a_message_the_model_sends_with_the_tool_reaches_the_chat_before_its_reply() {
+    let (sandbox, telegram) = stack().await;
+    sandbox.fake.push_script(ScriptedReply::tool_call(
+        "send_message",
+        serde_json::json!({"text": "on it, one moment"}),
+    ));
+    sandbox.fake.push_script(ScriptedReply::text("all done"));
+    let body = update(9, 18, 33, "do the thing").to_string();
+    assert_eq!(post(&sandbox, &body, Some(SECRET)).await, 200);
+
+    agentloop_testkit::wait_until("both messages in the chat", WAIT, || async {
+        (telegram.chat_view().len() >= 2).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(telegram.chat_view(), ["on it, one moment", "all done"]);
+    assert!(telegram.sent().iter().all(|s| s.body["chat_id"] == 33));
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_bot_without_a_public_address_takes_messages_by_long_polling() {
     let telegram = FakeTelegram::start(TOKEN).await;
     let mut channels = ChannelsConfig::default();

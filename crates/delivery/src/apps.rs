@@ -113,16 +113,21 @@ impl Apps {
             Ok(to) => to,
             Err(failure) => return Some(Err(failure)),
         };
-        if !outbound.r#final {
+        let by_tool = outbound
+            .metadata
+            .contains_key(agentloop_proto::SENT_BY_TOOL);
+        if !outbound.r#final && !by_tool {
             self.progress(&to).await;
             return Some(Ok(()));
         }
-        // Forgotten only once the final reply is posted: a retry edits the same message.
+        // Forgotten only once the final reply is posted: a retry edits the same message. A
+        // message the tool sent is its own, never the one the reply is written into.
         let streamed = self
             .streamed
             .lock()
             .ok()
-            .and_then(|s| s.get(&outbound.run_id).cloned());
+            .and_then(|s| s.get(&outbound.run_id).cloned())
+            .filter(|_| !by_tool);
         let pieces = match to.app {
             App::Webhook(_) => vec![outbound.text.clone()],
             _ => chunk(&outbound.text, to.max_len()),

@@ -13,6 +13,10 @@ pub fn is_no_reply(text: &str) -> bool {
     text.trim() == NO_REPLY
 }
 
+/// Metadata key on a message the `send_message` tool sent (its value is the call id): a message
+/// of its own in the conversation, not a glimpse of the reply being written.
+pub const SENT_BY_TOOL: &str = "sentByTool";
+
 /// Metadata key the runner sets (to `"true"`) on a reply whose text is its completed run's last
 /// assistant entry, unchanged by a hook.
 pub const RECORDED_ANSWER: &str = "recordedAnswer";

@@ -11,7 +11,8 @@ mod status;
 mod validate;
 
 pub use answer::{
-    NO_REPLY, RECORDED_ANSWER, answer_from_run_text, answer_is_the_runs, caller_answer, is_no_reply,
+    NO_REPLY, RECORDED_ANSWER, SENT_BY_TOOL, answer_from_run_text, answer_is_the_runs,
+    caller_answer, is_no_reply,
 };
 pub use codec::{CONTENT_TYPE_JSON, CONTENT_TYPE_PROTO, DecodeError, Encoding, decode, encode};
 pub use ids::{

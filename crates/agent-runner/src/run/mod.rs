@@ -574,6 +574,7 @@ impl RunCtx<'_> {
                 bus: self.replica.bus.clone(),
                 memory: self.replica.memory.clone(),
             }),
+            route: self.command.metadata.clone(),
             sends: Some(self.sends.clone()),
         }
     }

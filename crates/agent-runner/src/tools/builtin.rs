@@ -134,6 +134,17 @@ impl Tool for SendMessage {
                 .as_str()
                 .unwrap_or(&ctx.sender_id)
                 .to_owned();
+            // Back to this conversation, the message goes where its reply goes (a chat app's
+            // chat and thread); elsewhere, the channel has only the recipient to go by.
+            let mut metadata = if channel == ctx.channel && recipient == ctx.sender_id {
+                ctx.route.clone()
+            } else {
+                std::collections::HashMap::new()
+            };
+            metadata.insert(
+                agentloop_proto::SENT_BY_TOOL.to_owned(),
+                ctx.call_id.clone(),
+            );
             let message = OutboundMessage {
                 run_id: ctx.run_id.clone(),
                 session_key: ctx.session_key.clone(),
@@ -142,6 +153,7 @@ impl Tool for SendMessage {
                 recipient: recipient.clone(),
                 text: text.clone(),
                 r#final: false,
+                metadata,
                 ts: Some(agentloop_proto::now()),
                 ..Default::default()
             };

@@ -65,6 +65,9 @@ pub struct ToolContext {
     /// Whose memory the agent keeps.
     pub memory: crate::config::MemoryMode,
     pub(crate) services: Option<ToolServices>,
+    /// The run command's metadata: where a message back to this conversation goes (a chat
+    /// app's chat and thread).
+    pub(crate) route: std::collections::HashMap<String, String>,
     pub(crate) sends: Option<Arc<std::sync::Mutex<Vec<SentMessage>>>>,
 }
 
