@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use crate::SendError;
+
 /// The largest answer read to a send or an edit (Telegram and Slack answer a few KiB).
 pub(crate) const SEND_ANSWER_CAP: usize = 1 << 20;
 
@@ -105,6 +107,29 @@ pub(crate) async fn read_capped(
         body.push(&chunk)?;
     }
     Ok(body.finish())
+}
+
+/// Reads a chat app's answer to a request that got `status`, as [`read_capped`] does, with a
+/// failure told as a send's: a redirect (never followed) and an answer past the cap will not
+/// pass, a dropped connection may.
+///
+/// # Errors
+/// The [`SendError`] of the send.
+pub(crate) async fn read_answer(
+    response: reqwest::Response,
+    status: u16,
+    cap: usize,
+) -> Result<Vec<u8>, SendError> {
+    if (300..400).contains(&status) {
+        return Err(SendError::Permanent(redirect_refused(status)));
+    }
+    read_capped(response, cap).await.map_err(|err| match err {
+        ReadError::Network(reason) => SendError::Transient {
+            reason,
+            retry_after: None,
+        },
+        err @ ReadError::TooLarge { .. } => SendError::Permanent(format!("HTTP {status}: {err}")),
+    })
 }
 
 #[cfg(test)]

@@ -223,21 +223,7 @@ impl Client {
                 retry_after,
             });
         }
-        if (300..400).contains(&status) {
-            return Err(SendError::Permanent(http::redirect_refused(status)));
-        }
-        let bytes = match http::read_capped(response, http::SEND_ANSWER_CAP).await {
-            Ok(bytes) => bytes,
-            Err(http::ReadError::Network(reason)) => {
-                return Err(SendError::Transient {
-                    reason,
-                    retry_after: None,
-                });
-            }
-            Err(err @ http::ReadError::TooLarge { .. }) => {
-                return Err(SendError::Permanent(format!("HTTP {status}: {err}")));
-            }
-        };
+        let bytes = http::read_answer(response, status, http::SEND_ANSWER_CAP).await?;
         match serde_json::from_slice::<Answer>(&bytes) {
             Ok(answer) if answer.ok => Ok(answer),
             Ok(answer) => Err(classify(&answer.error, retry_after)),

@@ -254,22 +254,8 @@ impl Client {
                 retry_after: None,
             })?;
         let status = response.status().as_u16();
-        if (300..400).contains(&status) {
-            // Never followed: the URL holds the token.
-            return Err(SendError::Permanent(http::redirect_refused(status)));
-        }
-        let bytes = match http::read_capped(response, cap).await {
-            Ok(bytes) => bytes,
-            Err(http::ReadError::Network(reason)) => {
-                return Err(SendError::Transient {
-                    reason,
-                    retry_after: None,
-                });
-            }
-            Err(err @ http::ReadError::TooLarge { .. }) => {
-                return Err(SendError::Permanent(format!("{status} {err}")));
-            }
-        };
+        // A redirect is never followed: the URL holds the token.
+        let bytes = http::read_answer(response, status, cap).await?;
         match serde_json::from_slice::<Answer>(&bytes) {
             Ok(answer) if answer.ok => Ok(answer.result),
             Ok(answer) => Err(classify(
