@@ -428,3 +428,28 @@ async fn a_message_flagged_medium_is_denied_by_the_guardian_before_the_model_see
     assert_eq!(phases, ["flagged", "denied"], "{run:?}");
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_secret_the_model_puts_in_a_tool_calls_arguments_is_not_shown_to_watchers() {
+    // Arrange: the model passes a key it should not repeat as a tool argument
+    let sandbox = with_tool("read_config", "nothing here".to_owned()).await;
+    sandbox.fake.push_script(ScriptedReply::tool_call(
+        "read_config",
+        json!({"key": LEAKED_KEY}),
+    ));
+    sandbox.fake.push_script(ScriptedReply::text("done"));
+    let mut events = sandbox.subscribe("events.*.*").await;
+
+    // Act
+    sandbox.say("ops-args", "check the config").await.unwrap();
+
+    // Assert: the tool's start event shows the call, not the key
+    let run = collect_run_events(&mut events, WAIT).await.unwrap();
+    let start = run
+        .iter()
+        .find(|e| e.stream == "tool" && e.phase == "start")
+        .expect("a tool start event");
+    assert!(!start.data.contains(LEAKED_KEY), "{}", start.data);
+    assert!(start.data.contains("REDACTED"), "{}", start.data);
+    sandbox.shutdown().await.unwrap();
+}

@@ -1,4 +1,4 @@
-//! How much of an answer the run keeps.
+//! How much of an answer or a tool result the run keeps.
 
 /// The most bytes of one answer's text the run keeps. The answer travels whole in one bus
 /// message (NATS refuses a payload past `max_payload`, 1 MiB by default) and one memory call
@@ -6,16 +6,31 @@
 /// of English: no real answer comes near it.
 pub(super) const MAX_ANSWER_BYTES: usize = 512 * 1024;
 
-/// `text` cut to [`MAX_ANSWER_BYTES`] on a character boundary, with a line saying so.
+/// The most bytes of one tool result the run keeps. A result is stored in the transcript and
+/// sent to the model again on every later turn; an MCP server may send 16 MiB, a remote tool up
+/// to the bus's `max_payload`.
+pub(super) const MAX_TOOL_RESULT_BYTES: usize = 256 * 1024;
+
+/// The answer's `text` within [`MAX_ANSWER_BYTES`].
 pub(super) fn fit(text: String) -> String {
-    if text.len() <= MAX_ANSWER_BYTES {
+    cut(text, MAX_ANSWER_BYTES, "answer")
+}
+
+/// A tool's result within [`MAX_TOOL_RESULT_BYTES`].
+pub(super) fn fit_tool_result(text: String) -> String {
+    cut(text, MAX_TOOL_RESULT_BYTES, "tool result")
+}
+
+/// `text` cut to `max` bytes on a character boundary, with a line saying what was cut.
+fn cut(text: String, max: usize, what: &str) -> String {
+    if text.len() <= max {
         return text;
     }
     let size = text.len();
     let mut kept = text;
-    kept.truncate(kept.floor_char_boundary(MAX_ANSWER_BYTES));
+    kept.truncate(kept.floor_char_boundary(max));
     kept.push_str(&format!(
-        "\n\n[the answer was cut here: it was {size} bytes, more than the {MAX_ANSWER_BYTES} one answer may hold]"
+        "\n\n[the {what} was cut here: it was {size} bytes, more than the {max} one {what} may hold]"
     ));
     kept
 }
@@ -35,5 +50,15 @@ mod tests {
             note.contains(&format!("{} bytes", 2 * MAX_ANSWER_BYTES)),
             "{note}"
         );
+    }
+
+    #[test]
+    fn a_tool_result_past_its_cap_is_cut_and_says_so() {
+        let exact = "x".repeat(MAX_TOOL_RESULT_BYTES);
+        assert_eq!(fit_tool_result(exact.clone()), exact);
+        let cut = fit_tool_result(format!("{exact}y"));
+        let (kept, note) = cut.split_once("\n\n[").unwrap();
+        assert_eq!(kept, exact, "the byte past the cap is gone");
+        assert!(note.starts_with("the tool result was cut"), "{note}");
     }
 }

@@ -221,7 +221,8 @@ impl RunCtx<'_> {
                 EventPhase::Start,
                 &call.name,
                 &call.id,
-                json!({ "arguments": self.events.cap(&arguments.to_string()) }),
+                // A secret the model put in a call's arguments is not shown to watchers.
+                json!({ "arguments": self.events.cap(&agentloop_scanner::redact::redact(&arguments.to_string())) }),
             )
             .await;
         let result: Result<String, String> = if before.block {
@@ -247,8 +248,11 @@ impl RunCtx<'_> {
             }
         };
         let (content, is_error) = match result {
-            Ok(text) => (text, false),
-            Err(error) => (format!("error: {error}"), true),
+            Ok(text) => (super::answer_size::fit_tool_result(text), false),
+            Err(error) => (
+                super::answer_size::fit_tool_result(format!("error: {error}")),
+                true,
+            ),
         };
         let metrics = &self.replica.metrics;
         // Only tools the agent has are labels: a model naming tools cannot grow the series.
