@@ -378,6 +378,18 @@ async fn a_socket_cannot_open_subscriptions_without_end() {
     let gateway = Gateway::start(&sandbox, json!({"max_requests_in_flight": 4}))
         .await
         .unwrap();
+    // A subscription needs the gateway's NATS connection, made after it starts listening.
+    agentloop_testkit::wait_until(
+        "the gateway on NATS",
+        std::time::Duration::from_secs(20),
+        || async {
+            let mut probe = Client::connected_at(gateway.addr, None).await.ok()?;
+            let answer = probe.call("sessions.subscribe", json!({})).await.ok()?;
+            (answer["ok"] == true).then_some(())
+        },
+    )
+    .await
+    .unwrap();
     let mut greedy = Client::connected_at(gateway.addr, None).await.unwrap();
 
     // Act

@@ -36,10 +36,15 @@ pub(super) fn parse_ttl(ttl_ms: u32) -> Result<Duration, MemoryError> {
     Ok(Duration::from_millis(u64::from(ttl_ms)))
 }
 
-/// Most transcript entries one call returns (`GetHistory`, and the history of `TakeNext` and
-/// of a claiming `Enqueue`), unless `memory.history_limit` is set higher: a caller's count goes
-/// to SQL, and `u32::MAX` would have one call read and send a session's whole transcript.
+/// Most transcript entries the history of `TakeNext` and of a claiming `Enqueue` holds, unless
+/// `memory.history_limit` is set higher: a caller's count goes to SQL, and `u32::MAX` would have
+/// one call on the shared run lane read and send a session's whole transcript.
 pub(super) const MAX_HISTORY_ENTRIES: u32 = 1000;
+
+/// Most transcript entries one `GetHistory` returns. The gateway's `chat.history` pages back
+/// through a long transcript by asking for ever more of the newest entries, up to this many
+/// (`MAX_FETCH` in the gateway's `history.rs`); it is off the run path.
+pub(super) const MAX_HISTORY_READ: u32 = 100_000;
 
 /// Most session ids one `ListClaimable` returns: far more than one sweep of a runner can claim.
 pub(super) const MAX_CLAIMABLE_SESSIONS: u32 = 1000;
@@ -174,6 +179,10 @@ mod tests {
         assert_eq!(bounded_limit(50, 200, 1000), 50);
         assert_eq!(bounded_limit(1000, 200, 1000), 1000);
         assert_eq!(bounded_limit(1001, 200, 1000), 1000);
+        assert_eq!(
+            bounded_limit(u32::MAX, 200, MAX_HISTORY_READ),
+            MAX_HISTORY_READ
+        );
         assert_eq!(
             bounded_limit(u32::MAX, 0, MAX_HISTORY_ENTRIES),
             MAX_HISTORY_ENTRIES

@@ -3,7 +3,9 @@
 use agentloop_proto::v1 as pb;
 
 use super::SessionApi;
-use super::convert::{bounded_limit, entry_message, new_entries, parse_id, require, timestamp};
+use super::convert::{
+    MAX_HISTORY_READ, bounded_limit, entry_message, new_entries, parse_id, require, timestamp,
+};
 use crate::MemoryError;
 use crate::store::Session;
 
@@ -47,13 +49,17 @@ impl SessionApi {
     }
 
     /// `GetHistory`: the newest transcript entries, as many as asked (0: the configured limit),
-    /// at most [`Self::history_cap`].
+    /// at most [`MAX_HISTORY_READ`] (or the configured limit, when higher).
     pub(super) async fn get_history(
         &self,
         req: pb::GetHistoryRequest,
     ) -> Result<pb::GetHistoryResponse, MemoryError> {
         let session_id = parse_id("session_id", &req.session_id)?;
-        let limit = bounded_limit(req.limit, self.history_limit, self.history_cap());
+        let limit = bounded_limit(
+            req.limit,
+            self.history_limit,
+            MAX_HISTORY_READ.max(self.history_cap()),
+        );
         let entries = self.store()?.get_history(session_id, limit).await?;
         let entries = entries.into_iter().map(entry_message).collect();
         Ok(pb::GetHistoryResponse { entries })
